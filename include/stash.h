@@ -1,0 +1,267 @@
+/* stash: a GPU memory caching allocator.
+ *
+ * This is the whole public API. A *heap* caches the device memory of one device: it asks a
+ * memory *provider* (stash_provider.h; the only code that talks to a driver) for segments,
+ * serves requests from them under a *policy*, and keeps PyTorch-compatible statistics.
+ *
+ * Conventions
+ *  - Every fallible function returns a stash_status_t; STASH_OK (0) is success. Results come
+ *    back through out-parameters. On failure, stash_last_error() holds a one-line message
+ *    for the calling thread, and the heap is left exactly as consistent as before the call.
+ *  - Device pointers and streams are opaque: a stream is the driver's stream handle
+ *    (a CUstream / cudaStream_t) passed as void*; NULL is the default stream.
+ *  - Thread safety: every stash_heap_* function may be called from any thread at any time;
+ *    each heap serializes its calls with its own mutex. Destroying a heap while another
+ *    thread uses it is the caller's error.
+ */
+#ifndef STASH_H
+#define STASH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stash_stats.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define STASH_API __attribute__((visibility("default")))
+#else
+#define STASH_API
+#endif
+
+#define STASH_VERSION_MAJOR 0
+#define STASH_VERSION_MINOR 1
+#define STASH_VERSION_PATCH 0
+
+/* ---- Status codes ---------------------------------------------------------------------- */
+
+#define STASH_STATUS_LIST(X)                                                               \
+  X(STASH_OK, 0, "success")                                                                \
+  X(STASH_ERR_OOM, 1, "out of device memory")                                              \
+  X(STASH_ERR_INVALID, 2, "invalid argument")                                              \
+  X(STASH_ERR_BAD_POINTER, 3, "pointer not allocated by this heap, or already freed")      \
+  X(STASH_ERR_CONF, 4, "invalid configuration")                                            \
+  X(STASH_ERR_DRIVER, 5, "driver error")                                                   \
+  X(STASH_ERR_UNSUPPORTED, 6, "not supported by the provider")                             \
+  X(STASH_ERR_NOT_READY, 7, "not ready")                                                   \
+  X(STASH_ERR_HOST_OOM, 8, "out of host memory")
+
+typedef enum stash_status_e {
+#define STASH_X_(name, value, text) name = value,
+  STASH_STATUS_LIST(STASH_X_)
+#undef STASH_X_
+} stash_status_t;
+
+/* The constant's name ("STASH_ERR_OOM") and a short description of a status. Never NULL. */
+STASH_API const char* stash_status_name(stash_status_t status);
+STASH_API const char* stash_status_text(stash_status_t status);
+
+/* The message of the last failed stash call on this thread ("" if none). The text stays
+ * valid until the thread's next failing call. Thread-safe (thread-local). */
+STASH_API const char* stash_last_error(void);
+
+/* Called, if set, with every error message as it is raised (after stash_last_error() is
+ * updated), on the thread that raised it. Pass NULL to remove. Errors are also printed to
+ * stderr when the environment variable STASH_SHOW_ERRORS=1 is set. Not thread-safe with
+ * respect to concurrent stash_set_error_handler calls. */
+typedef void (*stash_error_fn)(stash_status_t status, const char* message, void* arg);
+STASH_API void stash_set_error_handler(stash_error_fn fn, void* arg);
+
+/* ---- Configuration --------------------------------------------------------------------- */
+
+typedef enum stash_policy_e {
+  STASH_POLICY_PYTORCH = 0, /* PyTorch 2.11's native caching allocator, rule for rule */
+  _STASH_POLICY_LAST
+} stash_policy_t;
+
+#define STASH_CONF_VERSION 1
+#define STASH_ROUNDUP_BUCKETS 16 /* [<2 MiB, 2-4 MiB, ..., >= 32 GiB), as PyTorch */
+
+/* A heap's configuration. Fill with stash_conf_init() and then stash_conf_parse(). */
+typedef struct stash_conf_s {
+  uint32_t size;                        /* sizeof(stash_conf_t) */
+  uint32_t version;                     /* STASH_CONF_VERSION */
+  stash_policy_t policy;                /* policy:pytorch (=pytorch) */
+  size_t max_split_size;                /* max_split_size_mb, in bytes (=SIZE_MAX: unlimited) */
+  size_t max_non_split_rounding;        /* max_non_split_rounding_mb, in bytes (=20 MiB) */
+  size_t large_segment_size;            /* large_segment_size_mb, in bytes (=20 MiB) */
+  double garbage_collection_threshold;  /* in (0,1); 0 = off (=0) */
+  double per_process_memory_fraction;   /* in [0,1] (=1: unlimited) */
+  bool expandable_segments;             /* (=False) */
+  uint32_t roundup_power2_divisions[STASH_ROUNDUP_BUCKETS]; /* 0 = plain 512 B rounding */
+} stash_conf_t;
+
+/* Fill conf with the defaults above (PyTorch's defaults). */
+STASH_API void stash_conf_init(stash_conf_t* conf);
+
+/* Apply a configuration string in PyTorch's PYTORCH_CUDA_ALLOC_CONF grammar:
+ * "key:value,key:[a:b,c:d]". Keys: policy (pytorch), max_split_size_mb,
+ * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
+ * garbage_collection_threshold, per_process_memory_fraction, expandable_segments
+ * (True/False). Keys are applied on top of conf's current values; NULL or "" changes
+ * nothing. On error conf is unchanged, the status is STASH_ERR_CONF and stash_last_error()
+ * names the offending key or value. Thread-safe (touches only conf). */
+STASH_API stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text);
+
+/* Write conf in the same grammar (only the keys that differ from the defaults, "policy"
+ * always first) into buf, NUL-terminated and truncated to n bytes. Returns the length the
+ * full text needs (excluding the NUL), as snprintf does. */
+STASH_API size_t stash_conf_format(const stash_conf_t* conf, char* buf, size_t n);
+
+/* ---- Heaps ----------------------------------------------------------------------------- */
+
+typedef struct stash_heap_s stash_heap_t;
+typedef struct stash_provider_s stash_provider_t; /* stash_provider.h */
+
+/* Create a heap for `device` of `provider`, configured by conf (NULL: defaults). The heap
+ * copies conf and the provider table; the provider's context must outlive the heap.
+ * Statuses: STASH_ERR_INVALID (NULL out/provider, bad device, a provider table of an unknown
+ * version or missing a required function), STASH_ERR_CONF (conf out of range),
+ * STASH_ERR_HOST_OOM, or the provider's status when it cannot report the device's memory.
+ * Thread-safe. */
+STASH_API stash_status_t stash_heap_create(const stash_conf_t* conf,
+                                           const stash_provider_t* provider, int device,
+                                           stash_heap_t** out);
+
+/* Give every segment back to the provider (live allocations included) and free the heap.
+ * NULL does nothing. Returns the first provider error met while releasing (the heap is
+ * freed anyway). Not thread-safe with other calls on the same heap. */
+STASH_API stash_status_t stash_heap_destroy(stash_heap_t* heap);
+
+/* Allocate `size` bytes usable on `stream`. The result is 512-byte aligned. Size 0 gives
+ * *out = NULL and STASH_OK, as in PyTorch. When no cached block fits and the provider is
+ * out of memory, the heap frees cached memory (PyTorch's fallbacks) and retries; if that
+ * fails the status is STASH_ERR_OOM and stash_last_error() reports the request, the
+ * device's total and free memory, what the heap has allocated and reserved, and its
+ * largest free block. Other statuses: STASH_ERR_INVALID (NULL heap/out),
+ * STASH_ERR_DRIVER and STASH_ERR_HOST_OOM. Thread-safe. */
+STASH_API stash_status_t stash_heap_alloc(stash_heap_t* heap, size_t size, void* stream,
+                                          void** out);
+
+/* Free a pointer returned by stash_heap_alloc. Its block is reused once the work recorded
+ * with stash_heap_record_stream has completed. NULL does nothing (STASH_OK). A pointer the
+ * heap did not give out, or one already freed, gives STASH_ERR_BAD_POINTER and changes
+ * nothing. Thread-safe. */
+STASH_API stash_status_t stash_heap_free(stash_heap_t* heap, void* ptr);
+
+/* Note that the live allocation `ptr` is used on `stream` (other than the one it was
+ * allocated on): when freed, its block will not be reused until the work queued on
+ * `stream` up to the free has completed. Uses on the allocation stream are ignored.
+ * Statuses: STASH_ERR_BAD_POINTER for a pointer that is not a live allocation of this
+ * heap, STASH_ERR_HOST_OOM. Thread-safe. */
+STASH_API stash_status_t stash_heap_record_stream(stash_heap_t* heap, void* ptr, void* stream);
+
+/* Wait for pending cross-stream frees, then give every fully free cached segment (and
+ * every fully free page of expandable segments) back to the provider. Returns a provider
+ * error if one refused; what was released stays released. Thread-safe. */
+STASH_API stash_status_t stash_heap_empty_cache(stash_heap_t* heap);
+
+/* Limit the memory this heap may reserve to fraction * the device's total memory
+ * (fraction in [0,1]; 1 removes the limit). STASH_ERR_INVALID outside [0,1] or NaN.
+ * Thread-safe. */
+STASH_API stash_status_t stash_heap_set_memory_fraction(stash_heap_t* heap, double fraction);
+
+/* The device's free and total memory, as the provider reports them. Thread-safe. */
+STASH_API stash_status_t stash_heap_mem_get_info(stash_heap_t* heap, size_t* free_bytes,
+                                                 size_t* total_bytes);
+
+/* The device this heap serves. */
+STASH_API int stash_heap_device(const stash_heap_t* heap);
+
+/* A copy of the heap's configuration. */
+STASH_API void stash_heap_conf(const stash_heap_t* heap, stash_conf_t* out);
+
+/* ---- Statistics (the keys of torch.cuda.memory_stats(); see stash_stats.h) ------------- */
+
+/* Copy the heap's statistics into *out (out->size must be set by the caller to
+ * sizeof(stash_stats_t); older, smaller structs get a prefix). Thread-safe. */
+STASH_API stash_status_t stash_heap_stats(stash_heap_t* heap, stash_stats_t* out);
+
+/* Set every peak to its current value (torch.cuda.reset_peak_memory_stats). */
+STASH_API stash_status_t stash_heap_reset_peak_stats(stash_heap_t* heap);
+
+/* Zero every allocated/freed total and the num_* counters
+ * (torch.cuda.reset_accumulated_memory_stats). */
+STASH_API stash_status_t stash_heap_reset_accumulated_stats(stash_heap_t* heap);
+
+/* Write stats as one JSON object with the flattened, sorted keys of
+ * torch.cuda.memory_stats() ("active.all.current": 3, ...) into buf (NUL-terminated,
+ * truncated to n). Returns the length the full text needs. Thread-safe. */
+STASH_API size_t stash_stats_json(const stash_stats_t* stats, char* buf, size_t n);
+
+/* Write the table of torch.cuda.memory_summary(device, abbreviated) for stats into buf
+ * (NUL-terminated, truncated to n). Returns the length the full text needs. */
+STASH_API size_t stash_stats_summary(const stash_stats_t* stats, int device, bool abbreviated,
+                                     char* buf, size_t n);
+
+/* ---- Introspection --------------------------------------------------------------------- */
+
+typedef enum stash_block_state_e {
+  STASH_BLOCK_ALLOCATED = 0,    /* live allocation */
+  STASH_BLOCK_PENDING_FREE = 1, /* freed, waiting for recorded streams ("active_pending_free") */
+  STASH_BLOCK_FREE = 2,         /* cached, reusable ("inactive") */
+  STASH_BLOCK_UNMAPPED = 3      /* reserved address space with no memory behind it */
+} stash_block_state_t;
+
+typedef struct stash_block_info_s {
+  uintptr_t address;
+  size_t size;                /* bytes the block spans */
+  size_t requested_size;      /* bytes asked for (allocated and pending blocks) */
+  stash_block_state_t state;
+  void* stream;               /* the stream it was allocated on */
+} stash_block_info_t;
+
+typedef struct stash_segment_info_s {
+  uintptr_t address;          /* start of the segment (expandable: of the reserved range) */
+  size_t total_size;          /* bytes spanned by its blocks */
+  size_t mapped_size;         /* bytes backed by memory (= total_size unless expandable) */
+  bool is_small;              /* small pool (blocks <= 1 MiB) */
+  bool is_expandable;
+  void* stream;
+  size_t nblocks;
+} stash_segment_info_t;
+
+/* Calls fn once per segment, in address order, with its blocks in address order. The
+ * arrays are valid only during the call; fn must not call into the heap. Stops early if fn
+ * returns non-zero. Thread-safe (holds the heap's lock throughout). */
+typedef int (*stash_visit_fn)(const stash_segment_info_t* segment,
+                              const stash_block_info_t* blocks, void* arg);
+STASH_API stash_status_t stash_heap_visit(stash_heap_t* heap, stash_visit_fn fn, void* arg);
+
+/* Check every invariant of the heap (block chains, free lists, statistics against the
+ * blocks, mappings against the provider's pages). STASH_OK, or STASH_ERR_INVALID with the
+ * first broken invariant in stash_last_error(). For tests and debugging; O(heap size). */
+STASH_API stash_status_t stash_heap_check(stash_heap_t* heap);
+
+/* ---- The process-wide default heaps ---------------------------------------------------- */
+
+/* Each device has one default heap, created on first use from the environment:
+ *   STASH_CONF      configuration string (stash_conf_parse grammar)
+ *   STASH_PROVIDER  "sim" (the simulated device); "cuda" once that provider exists
+ *   STASH_SIM_DEVICES, STASH_SIM_CAPACITY  the simulated devices' number and size
+ * A bad value is reported (stash_last_error) and no heap is created. Thread-safe. */
+STASH_API stash_status_t stash_default_heap(int device, stash_heap_t** out);
+
+/* The device the calling thread allocates on with stash_malloc (default 0). */
+STASH_API stash_status_t stash_set_device(int device);
+STASH_API int stash_get_device(void);
+
+/* malloc/free on the calling thread's device's default heap. stash_malloc returns NULL on
+ * failure (and for size 0); stash_last_error() says why. stash_free(NULL) does nothing; a
+ * pointer that is not a live default-heap allocation is reported through stash_last_error.
+ * Thread-safe. */
+STASH_API void* stash_malloc(size_t size, void* stream);
+STASH_API void stash_free(void* ptr);
+
+/* Destroy every default heap (and the provider they share). For tests and clean exits;
+ * no other thread may be using them. */
+STASH_API void stash_default_shutdown(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STASH_H */

@@ -1,0 +1,170 @@
+/* stash memory providers: the only code that talks to a driver.
+ *
+ * A provider is a versioned table of functions over device memory, virtual address ranges,
+ * physical pages, events and streams. Heaps copy the table when they are created; the
+ * table's ctx is passed back as every function's first argument. Tables grow only by
+ * appending fields and raising STASH_PROVIDER_VERSION; a NULL function means the provider
+ * lacks that capability (the virtual-memory group is needed only for expandable segments).
+ *
+ * Every function returns a stash_status_t: STASH_OK, STASH_ERR_OOM when the device is out
+ * of memory (the heap then frees its cache and retries), STASH_ERR_NOT_READY (event_query
+ * only), or another status - STASH_ERR_DRIVER with a message set through
+ * stash_provider_error() - for anything else.
+ *
+ * This file also declares the simulated provider ("sim"): a device that touches no memory,
+ * for tests and for replaying traces anywhere.
+ */
+#ifndef STASH_PROVIDER_H
+#define STASH_PROVIDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stash.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STASH_PROVIDER_VERSION 1
+
+/* Every provider call, for counters, fault injection and cost models: name, doc. */
+#define STASH_PROVIDER_CALLS(X)                                                             \
+  X(mem_alloc, "allocate device memory (cuMemAlloc)")                                      \
+  X(mem_free, "free device memory (cuMemFree)")                                            \
+  X(va_reserve, "reserve a virtual address range (cuMemAddressReserve)")                   \
+  X(va_free, "free a virtual address range (cuMemAddressFree)")                            \
+  X(phys_create, "create a physical allocation (cuMemCreate)")                             \
+  X(phys_release, "release a physical allocation (cuMemRelease)")                          \
+  X(map, "map a physical allocation at an address (cuMemMap)")                             \
+  X(unmap, "unmap an address range (cuMemUnmap)")                                          \
+  X(set_access, "make a mapped range accessible to the device (cuMemSetAccess)")           \
+  X(event_create, "create an event (cuEventCreate)")                                       \
+  X(event_record, "record an event on a stream (cuEventRecord)")                           \
+  X(event_query, "ask whether an event has completed (cuEventQuery)")                      \
+  X(event_synchronize, "wait for an event (cuEventSynchronize)")                           \
+  X(event_destroy, "destroy an event (cuEventDestroy)")                                    \
+  X(stream_synchronize, "wait for a stream's work (cuStreamSynchronize)")                  \
+  X(mem_info, "the device's free and total memory (cuMemGetInfo)")
+
+typedef enum stash_provider_call_e {
+#define STASH_X_(name, doc) STASH_CALL_##name,
+  STASH_PROVIDER_CALLS(STASH_X_)
+#undef STASH_X_
+  STASH_CALL_COUNT,          /* number of call kinds */
+  STASH_CALL_ANY = STASH_CALL_COUNT /* for fault injection: any kind */
+} stash_provider_call_t;
+
+/* "mem_alloc", ... for a call kind; "any" for STASH_CALL_ANY. */
+STASH_API const char* stash_provider_call_name(stash_provider_call_t call);
+
+struct stash_provider_s {
+  uint32_t version;   /* STASH_PROVIDER_VERSION the table was written for */
+  uint32_t size;      /* sizeof(stash_provider_t) of that version */
+  const char* name;   /* "sim", "cuda", ... */
+  void* ctx;          /* passed back to every function */
+
+  /* Devices. device_count is required. granularity: the page size of physical
+   * allocations and the alignment of mappings on that device (2 MiB on current GPUs). */
+  stash_status_t (*device_count)(void* ctx, int* count);
+  stash_status_t (*granularity)(void* ctx, int device, size_t* bytes);
+  stash_status_t (*mem_info)(void* ctx, int device, size_t* free_bytes, size_t* total_bytes);
+
+  /* Plain device memory (required). size > 0; *ptr is at least 512-byte aligned. */
+  stash_status_t (*mem_alloc)(void* ctx, int device, size_t size, uint64_t* ptr);
+  stash_status_t (*mem_free)(void* ctx, int device, uint64_t ptr, size_t size);
+
+  /* Virtual memory (optional as a group). Sizes and addresses are multiples of the
+   * granularity. map maps one whole physical allocation at va; set_access makes
+   * [va, va+size) readable and writable by the device. */
+  stash_status_t (*va_reserve)(void* ctx, int device, size_t size, uint64_t* va);
+  stash_status_t (*va_free)(void* ctx, int device, uint64_t va, size_t size);
+  stash_status_t (*phys_create)(void* ctx, int device, size_t size, uint64_t* handle);
+  stash_status_t (*phys_release)(void* ctx, int device, uint64_t handle);
+  stash_status_t (*map)(void* ctx, int device, uint64_t va, size_t size, uint64_t handle);
+  stash_status_t (*unmap)(void* ctx, int device, uint64_t va, size_t size);
+  stash_status_t (*set_access)(void* ctx, int device, uint64_t va, size_t size);
+
+  /* Events and streams (required). event_query returns STASH_OK once the work recorded
+   * before the event has completed, STASH_ERR_NOT_READY before. */
+  stash_status_t (*event_create)(void* ctx, int device, uint64_t* event);
+  stash_status_t (*event_record)(void* ctx, uint64_t event, void* stream);
+  stash_status_t (*event_query)(void* ctx, uint64_t event);
+  stash_status_t (*event_synchronize)(void* ctx, uint64_t event);
+  stash_status_t (*event_destroy)(void* ctx, uint64_t event);
+  stash_status_t (*stream_synchronize)(void* ctx, void* stream);
+};
+
+/* For provider implementations: set the calling thread's error message (printf format)
+ * and return status, so that `return stash_provider_error(STASH_ERR_DRIVER, ...)` reports
+ * a driver failure with the driver's own name and text for it. */
+STASH_API stash_status_t stash_provider_error(stash_status_t status, const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ---- The simulated provider ------------------------------------------------------------ */
+
+typedef struct stash_sim_s stash_sim_t;
+
+#define STASH_SIM_DEFAULT_CAPACITY 150109880320ULL /* an H200, as cuMemGetInfo reports it */
+#define STASH_SIM_DEFAULT_GRANULARITY (2ULL << 20)
+
+/* Create a simulated provider with `devices` devices of `capacity` bytes each (0: the
+ * default) and 2 MiB granularity. Addresses are deterministic: the same calls give the same
+ * addresses. Streams are any void* values (each distinct value is a stream); the work
+ * recorded on a stream completes only when stash_sim_complete() says so (or a synchronize
+ * call waits for it). Thread-safe (one mutex). */
+STASH_API stash_status_t stash_sim_create(int devices, size_t capacity, stash_sim_t** out);
+STASH_API void stash_sim_destroy(stash_sim_t* sim);
+
+/* The provider table of sim (its ctx is sim). */
+STASH_API const stash_provider_t* stash_sim_provider(stash_sim_t* sim);
+
+/* Complete all work queued so far on `stream`: events recorded on it become complete. */
+STASH_API void stash_sim_complete(stash_sim_t* sim, void* stream);
+
+/* Calls made so far of one kind (STASH_CALL_ANY: all kinds). */
+STASH_API uint64_t stash_sim_calls(const stash_sim_t* sim, stash_provider_call_t call);
+STASH_API void stash_sim_reset_calls(stash_sim_t* sim);
+
+/* Fault injection. fail_nth: the n-th call (1-based, counted from now) of kind `call`
+ * (STASH_CALL_ANY: of any kind) fails with `status`, once; n = 0 cancels.
+ * fail_random: from now on each call of kind `call` (or any) fails with probability p,
+ * drawn from a generator seeded with `seed`; p = 0 cancels. A failing call changes nothing
+ * in the simulated device. */
+STASH_API void stash_sim_fail_nth(stash_sim_t* sim, stash_provider_call_t call, uint64_t n,
+                                  stash_status_t status);
+STASH_API void stash_sim_fail_random(stash_sim_t* sim, stash_provider_call_t call, double p,
+                                     uint64_t seed, stash_status_t status);
+/* Ask that the next successful mem_alloc place its allocation at `address` if that range
+ * is free (0 cancels; the request holds until an allocation is placed). The replayer uses
+ * it to put each segment where the traced program's driver put it, so that ties between
+ * equally good blocks break by address as they did in the recorded run. */
+STASH_API void stash_sim_hint_address(stash_sim_t* sim, uint64_t address);
+
+/* Number of calls failed by injection so far. */
+STASH_API uint64_t stash_sim_injected(const stash_sim_t* sim);
+
+/* What the simulated device holds now: for leak checks. */
+typedef struct stash_sim_usage_s {
+  size_t used_bytes;     /* device memory in use (allocations and physical pages) */
+  size_t allocations;    /* live mem_alloc allocations */
+  size_t reservations;   /* live va_reserve ranges */
+  size_t handles;        /* live physical allocations */
+  size_t mapped_pages;   /* mapped granularity pages */
+  size_t events;         /* live events */
+} stash_sim_usage_t;
+STASH_API void stash_sim_usage(const stash_sim_t* sim, int device, stash_sim_usage_t* out);
+
+/* Whether [ptr, ptr+size) lies inside one live allocation or mapped, accessible pages of
+ * `device`: true when the memory is usable. */
+STASH_API bool stash_sim_is_usable(const stash_sim_t* sim, int device, uint64_t ptr,
+                                   size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STASH_PROVIDER_H */

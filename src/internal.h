@@ -1,0 +1,174 @@
+/* stash internals: the module map. Each section lists what one file offers; calls go one
+ * way: heap.c -> policy_*.c -> {events.c, provider.c} -> the provider table, with
+ * stats.c, error.c, blockset.c, ptrmap.c and slab.c as leaves.
+ *
+ * Internal symbols start with _stash_ and are hidden from the shared library.
+ */
+#ifndef STASH_INTERNAL_H
+#define STASH_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stash.h"
+#include "stash_provider.h"
+
+#if defined(__GNUC__)
+#define STASH_HIDDEN __attribute__((visibility("hidden")))
+#define STASH_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define STASH_LIKELY(x) __builtin_expect(!!(x), 1)
+#define STASH_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define STASH_HIDDEN
+#define STASH_PRINTF(f, a)
+#define STASH_LIKELY(x) (x)
+#define STASH_UNLIKELY(x) (x)
+#endif
+
+#define STASH_KiB ((size_t)1 << 10)
+#define STASH_MiB ((size_t)1 << 20)
+#define STASH_GiB ((size_t)1 << 30)
+
+/* ---- error.c ---------------------------------------------------------------------------- */
+
+/* Record a failure for stash_last_error() and the error handler; returns status. */
+STASH_HIDDEN stash_status_t _stash_error(stash_status_t status, const char* fmt, ...)
+    STASH_PRINTF(2, 3);
+STASH_HIDDEN stash_status_t _stash_verror(stash_status_t status, const char* fmt, va_list ap);
+/* The message the last provider call left (stash_provider_error), or "" - and clear it. */
+STASH_HIDDEN const char* _stash_provider_message(void);
+STASH_HIDDEN void _stash_provider_message_clear(void);
+/* PyTorch's format_size: "512 bytes", "1.50 KiB", "20.00 MiB", "1.23 GiB". */
+STASH_HIDDEN void _stash_format_size(size_t bytes, char* buf, size_t n);
+
+/* ---- blockset.c: an intrusive ordered set (red-black tree) ------------------------------- */
+
+typedef struct bs_node_s {
+  struct bs_node_s* left;
+  struct bs_node_s* right;
+  struct bs_node_s* parent;
+  int red;
+} bs_node_t;
+
+/* Strict weak order: negative if a < b, 0 if equal, positive if a > b. */
+typedef int (*bs_cmp_fn)(const bs_node_t* a, const bs_node_t* b);
+
+typedef struct blockset_s {
+  bs_node_t* root; /* NULL when empty */
+  bs_cmp_fn cmp;
+  size_t count;
+} blockset_t;
+
+STASH_HIDDEN void _stash_bs_init(blockset_t* s, bs_cmp_fn cmp);
+/* Insert n (not in any set). Returns false, inserting nothing, if an equal node exists. */
+STASH_HIDDEN bool _stash_bs_insert(blockset_t* s, bs_node_t* n);
+STASH_HIDDEN void _stash_bs_erase(blockset_t* s, bs_node_t* n);
+/* The first node not less than key, or NULL. */
+STASH_HIDDEN bs_node_t* _stash_bs_lower_bound(const blockset_t* s, const bs_node_t* key);
+STASH_HIDDEN bs_node_t* _stash_bs_first(const blockset_t* s);
+STASH_HIDDEN bs_node_t* _stash_bs_last(const blockset_t* s);
+STASH_HIDDEN bs_node_t* _stash_bs_next(const bs_node_t* n);
+STASH_HIDDEN bs_node_t* _stash_bs_prev(const bs_node_t* n);
+/* Verify the red-black and ordering invariants; returns false on the first violation. */
+STASH_HIDDEN bool _stash_bs_valid(const blockset_t* s);
+
+/* ---- ptrmap.c: device address -> object (open addressing) -------------------------------- */
+
+typedef struct ptrmap_s {
+  uint64_t* keys; /* 0 = empty slot */
+  void** values;
+  size_t cap;     /* power of two */
+  size_t count;
+} ptrmap_t;
+
+STASH_HIDDEN void _stash_ptrmap_init(ptrmap_t* m);
+STASH_HIDDEN void _stash_ptrmap_free(ptrmap_t* m);
+/* key != 0. STASH_ERR_HOST_OOM if growing fails (nothing inserted). Replaces an existing
+ * value. */
+STASH_HIDDEN stash_status_t _stash_ptrmap_put(ptrmap_t* m, uint64_t key, void* value);
+STASH_HIDDEN void* _stash_ptrmap_get(const ptrmap_t* m, uint64_t key);
+/* Remove key; returns its value or NULL. */
+STASH_HIDDEN void* _stash_ptrmap_take(ptrmap_t* m, uint64_t key);
+/* Make room for `extra` more keys now, so that the next puts cannot fail. */
+STASH_HIDDEN stash_status_t _stash_ptrmap_reserve(ptrmap_t* m, size_t extra);
+
+/* ---- slab.c: fixed-size objects carved from large chunks --------------------------------- */
+
+typedef struct slab_s {
+  size_t obj_size;
+  size_t per_chunk;
+  void* free_list;
+  void* chunks; /* singly linked through each chunk's first word */
+  size_t live;
+} slab_t;
+
+STASH_HIDDEN void _stash_slab_init(slab_t* s, size_t obj_size);
+/* A zeroed object, or NULL when the host is out of memory. */
+STASH_HIDDEN void* _stash_slab_alloc(slab_t* s);
+STASH_HIDDEN void _stash_slab_free(slab_t* s, void* obj);
+STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
+
+/* ---- stats.c ------------------------------------------------------------------------------ */
+
+STASH_HIDDEN void _stash_stat_inc(stash_stat_t* s, int64_t n);
+STASH_HIDDEN void _stash_stat_dec(stash_stat_t* s, int64_t n);
+/* Update "all" and the pool's entry of a stat array. */
+STASH_HIDDEN void _stash_stat_array_inc(stash_stat_t* a, bool small, int64_t n);
+STASH_HIDDEN void _stash_stat_array_dec(stash_stat_t* a, bool small, int64_t n);
+STASH_HIDDEN void _stash_stats_reset_peak(stash_stats_t* s);
+STASH_HIDDEN void _stash_stats_reset_accumulated(stash_stats_t* s);
+
+/* ---- provider.c: checked calls through a heap's provider table --------------------------- */
+
+/* Validate and copy a provider table. */
+STASH_HIDDEN stash_status_t _stash_provider_copy(stash_provider_t* dst,
+                                                 const stash_provider_t* src);
+/* Whether the table has the virtual-memory group. */
+STASH_HIDDEN bool _stash_provider_has_vmm(const stash_provider_t* p);
+
+/* ---- heap.c: the heap object shared by the policies -------------------------------------- */
+
+typedef struct stash_policy_ops_s stash_policy_ops_t;
+
+struct stash_heap_s {
+  pthread_mutex_t lock;          /* guards everything below */
+  stash_conf_t conf;             /* immutable after creation */
+  stash_provider_t prov;         /* copy of the provider table */
+  int device;
+  size_t device_total;           /* the device's total memory (provider mem_info at creation) */
+  size_t granularity;            /* provider page size */
+  bool has_limit;                /* a memory fraction < 1 is set */
+  size_t allowed_max;            /* bytes the heap may reserve when has_limit */
+  size_t total_reserved;         /* bytes reserved from the provider (PyTorch's
+                                    total_allocated_memory) */
+  stash_stats_t stats;
+  const stash_policy_ops_t* policy;
+  void* policy_state;
+};
+
+/* The policies: a table each (SQLite-style), chosen by conf.policy. */
+struct stash_policy_ops_s {
+  const char* name;
+  stash_status_t (*create)(stash_heap_t* h);
+  /* Give everything back to the provider; returns the first error. */
+  stash_status_t (*destroy)(stash_heap_t* h);
+  stash_status_t (*alloc)(stash_heap_t* h, size_t size, void* stream, uint64_t* out);
+  stash_status_t (*free)(stash_heap_t* h, uint64_t ptr);
+  stash_status_t (*record_stream)(stash_heap_t* h, uint64_t ptr, void* stream);
+  stash_status_t (*empty_cache)(stash_heap_t* h);
+  stash_status_t (*visit)(stash_heap_t* h, stash_visit_fn fn, void* arg);
+  stash_status_t (*check)(stash_heap_t* h);
+};
+
+STASH_HIDDEN extern const stash_policy_ops_t _stash_policy_pytorch;
+
+/* ---- conf.c ------------------------------------------------------------------------------- */
+
+/* Check a configuration's ranges (for structs filled by hand). */
+STASH_HIDDEN stash_status_t _stash_conf_validate(const stash_conf_t* conf);
+STASH_HIDDEN const char* _stash_policy_name(stash_policy_t p);
+
+#endif /* STASH_INTERNAL_H */

@@ -1,0 +1,709 @@
+/* provider_sim.c: the simulated device.
+ *
+ * A provider that touches no memory: it hands out addresses from one deterministic
+ * virtual address space (first fit, lowest address), accounts each device's capacity at
+ * 2 MiB granularity, checks that every call is legal (the heap's bugs become errors
+ * here), counts every call, simulates streams whose work completes only when a test or
+ * the replayer says so, and fails calls on request (fault injection).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define SIM_VA_BASE 0x100000000000ULL  /* 16 TiB: like a process's device addresses */
+#define SIM_VA_LIMIT 0x800000000000ULL /* 128 TiB: the user address space */
+
+typedef struct range_s {
+  uint64_t start;
+  uint64_t size;
+} range_t;
+
+typedef struct range_array_s {
+  range_t* v;
+  size_t n, cap;
+} range_array_t;
+
+typedef struct handle_s {
+  size_t size;
+  int device;
+  uint32_t maps;  /* pages currently mapped from it */
+  bool released;  /* phys_release called; freed once unmapped */
+} handle_t;
+
+typedef struct sim_stream_s {
+  void* stream;
+  uint64_t recorded;  /* events recorded so far */
+  uint64_t completed; /* events recorded up to this one have completed */
+} sim_stream_t;
+
+typedef struct sim_event_s {
+  int device;
+  int stream; /* index into streams, -1 if never recorded */
+  uint64_t seq;
+} sim_event_t;
+
+typedef struct sim_device_s {
+  size_t capacity;
+  size_t used;
+  range_array_t allocs;       /* live mem_alloc ranges, sorted */
+  range_array_t reservations; /* live va_reserve ranges, sorted */
+  size_t handles, pages, events;
+} sim_device_t;
+
+struct stash_sim_s {
+  stash_provider_t table;
+  pthread_mutex_t lock;
+  int ndev;
+  sim_device_t* dev;
+  size_t gran;
+  range_array_t free_va;      /* free address ranges, sorted, coalesced */
+  ptrmap_t handles;           /* id -> handle_t* */
+  ptrmap_t pages;             /* page address -> (handle id << 1) | accessible */
+  ptrmap_t events;            /* id -> sim_event_t* */
+  slab_t handle_slab, event_slab;
+  sim_stream_t* streams;
+  size_t nstreams, cap_streams;
+  uint64_t next_handle, next_event;
+  uint64_t calls[STASH_CALL_COUNT];
+  uint64_t total_calls;
+  uint64_t fail_at[STASH_CALL_COUNT + 1];        /* call count that fails; 0 = none */
+  stash_status_t fail_at_status[STASH_CALL_COUNT + 1];
+  double fail_p[STASH_CALL_COUNT + 1];
+  stash_status_t fail_p_status[STASH_CALL_COUNT + 1];
+  uint64_t rng;
+  uint64_t injected;
+  uint64_t hint;              /* address the next mem_alloc tries first (0: none) */
+};
+
+/* ---- Sorted range arrays ----------------------------------------------------------------- */
+
+static size_t ra_find(const range_array_t* a, uint64_t addr) {
+  /* index of the first range with start > addr */
+  size_t lo = 0, hi = a->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (a->v[mid].start <= addr) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static bool ra_insert_at(range_array_t* a, size_t i, range_t r) {
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 16;
+    range_t* v = realloc(a->v, cap * sizeof *v);
+    if (!v) return false;
+    a->v = v;
+    a->cap = cap;
+  }
+  memmove(&a->v[i + 1], &a->v[i], (a->n - i) * sizeof *a->v);
+  a->v[i] = r;
+  a->n++;
+  return true;
+}
+
+static void ra_remove_at(range_array_t* a, size_t i) {
+  memmove(&a->v[i], &a->v[i + 1], (a->n - i - 1) * sizeof *a->v);
+  a->n--;
+}
+
+/* The range containing [addr, addr+size), or NULL. */
+static range_t* ra_containing(const range_array_t* a, uint64_t addr, uint64_t size) {
+  size_t i = ra_find(a, addr);
+  if (i == 0) return NULL;
+  range_t* r = &a->v[i - 1];
+  if (addr >= r->start && addr + size <= r->start + r->size) return r;
+  return NULL;
+}
+
+static size_t ra_index_of(const range_array_t* a, uint64_t start) {
+  size_t i = ra_find(a, start);
+  if (i && a->v[i - 1].start == start) return i - 1;
+  return SIZE_MAX;
+}
+
+/* ---- Address space ------------------------------------------------------------------------ */
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+static stash_status_t va_take(stash_sim_t* s, uint64_t size, uint64_t* out) {
+  for (size_t i = 0; i < s->free_va.n; i++) {
+    range_t* r = &s->free_va.v[i];
+    if (r->size >= size) {
+      *out = r->start;
+      r->start += size;
+      r->size -= size;
+      if (r->size == 0) ra_remove_at(&s->free_va, i);
+      return STASH_OK;
+    }
+  }
+  return stash_provider_error(STASH_ERR_OOM, "sim: out of virtual address space");
+}
+
+/* Take exactly [start, start+size) if it is free. */
+static bool va_take_at(stash_sim_t* s, uint64_t start, uint64_t size) {
+  size_t i = ra_find(&s->free_va, start);
+  if (i == 0) return false;
+  range_t* r = &s->free_va.v[i - 1];
+  if (start < r->start || start + size > r->start + r->size || start + size < start) return false;
+  uint64_t tail_start = start + size, tail_size = r->start + r->size - tail_start;
+  uint64_t head_size = start - r->start;
+  if (head_size && tail_size) {
+    /* Split in two; if the array cannot grow, the range stays free and whole. */
+    if (!ra_insert_at(&s->free_va, i, (range_t){tail_start, tail_size})) return false;
+    s->free_va.v[i - 1].size = head_size;
+    return true;
+  }
+  if (head_size) r->size = head_size;
+  else if (tail_size) *r = (range_t){tail_start, tail_size};
+  else ra_remove_at(&s->free_va, i - 1);
+  return true;
+}
+
+static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
+  range_array_t* a = &s->free_va;
+  size_t i = ra_find(a, start);
+  bool merge_prev = i > 0 && a->v[i - 1].start + a->v[i - 1].size == start;
+  bool merge_next = i < a->n && start + size == a->v[i].start;
+  if (merge_prev && merge_next) {
+    a->v[i - 1].size += size + a->v[i].size;
+    ra_remove_at(a, i);
+  } else if (merge_prev) {
+    a->v[i - 1].size += size;
+  } else if (merge_next) {
+    a->v[i].start = start;
+    a->v[i].size += size;
+  } else if (!ra_insert_at(a, i, (range_t){start, size})) {
+    /* Out of host memory: the range is lost to the simulation, never reused. */
+  }
+}
+
+/* ---- Calls, counters and fault injection ------------------------------------------------ */
+
+static uint64_t next_random(stash_sim_t* s) {
+  uint64_t z = (s->rng += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/* Count a call; returns a status other than STASH_OK if it is to fail. Lock held. */
+static stash_status_t enter(stash_sim_t* s, stash_provider_call_t call) {
+  s->calls[call]++;
+  s->total_calls++;
+  stash_status_t fail = STASH_OK;
+  if (s->fail_at[call] && s->calls[call] == s->fail_at[call]) {
+    fail = s->fail_at_status[call];
+    s->fail_at[call] = 0;
+  } else if (s->fail_at[STASH_CALL_ANY] && s->total_calls == s->fail_at[STASH_CALL_ANY]) {
+    fail = s->fail_at_status[STASH_CALL_ANY];
+    s->fail_at[STASH_CALL_ANY] = 0;
+  } else {
+    for (int k = 0; k < 2 && fail == STASH_OK; k++) {
+      int idx = k == 0 ? (int)call : STASH_CALL_ANY;
+      if (s->fail_p[idx] > 0) {
+        double u = (double)(next_random(s) >> 11) / (double)(1ULL << 53);
+        if (u < s->fail_p[idx]) fail = s->fail_p_status[idx];
+      }
+    }
+  }
+  if (fail != STASH_OK) {
+    s->injected++;
+    return stash_provider_error(fail, "sim: injected failure of %s (call %" PRIu64 "): %s",
+                                stash_provider_call_name(call), s->calls[call],
+                                stash_status_text(fail));
+  }
+  return STASH_OK;
+}
+
+#define ENTER(s, call)                                    \
+  do {                                                    \
+    pthread_mutex_lock(&(s)->lock);                       \
+    stash_status_t st_ = enter((s), STASH_CALL_##call);   \
+    if (st_ != STASH_OK) {                                \
+      pthread_mutex_unlock(&(s)->lock);                   \
+      return st_;                                         \
+    }                                                     \
+  } while (0)
+
+#define LEAVE(s, status)              \
+  do {                                \
+    stash_status_t r_ = (status);     \
+    pthread_mutex_unlock(&(s)->lock); \
+    return r_;                        \
+  } while (0)
+
+static stash_status_t bad_device(int device) {
+  return stash_provider_error(STASH_ERR_INVALID, "sim: no device %d", device);
+}
+
+/* ---- The provider functions --------------------------------------------------------------- */
+
+static stash_status_t sim_device_count(void* ctx, int* count) {
+  *count = ((stash_sim_t*)ctx)->ndev;
+  return STASH_OK;
+}
+
+static stash_status_t sim_granularity(void* ctx, int device, size_t* bytes) {
+  stash_sim_t* s = ctx;
+  if (device < 0 || device >= s->ndev) return bad_device(device);
+  *bytes = s->gran;
+  return STASH_OK;
+}
+
+static stash_status_t sim_mem_info(void* ctx, int device, size_t* free_bytes, size_t* total) {
+  stash_sim_t* s = ctx;
+  ENTER(s, mem_info);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  *free_bytes = s->dev[device].capacity - s->dev[device].used;
+  *total = s->dev[device].capacity;
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_mem_alloc(void* ctx, int device, size_t size, uint64_t* ptr) {
+  stash_sim_t* s = ctx;
+  ENTER(s, mem_alloc);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  if (size == 0) LEAVE(s, stash_provider_error(STASH_ERR_INVALID, "sim: mem_alloc of 0 bytes"));
+  sim_device_t* d = &s->dev[device];
+  uint64_t need = round_up(size, s->gran);
+  if (need < size || need > d->capacity - d->used)
+    LEAVE(s, stash_provider_error(STASH_ERR_OOM, "sim: out of memory allocating %zu bytes",
+                                  size));
+  uint64_t va;
+  stash_status_t st = STASH_OK;
+  if (s->hint && s->hint % s->gran == 0 && va_take_at(s, s->hint, need)) va = s->hint;
+  else st = va_take(s, need, &va);
+  if (st != STASH_OK) LEAVE(s, st);
+  s->hint = 0;
+  size_t i = ra_find(&d->allocs, va);
+  if (!ra_insert_at(&d->allocs, i, (range_t){va, size})) {
+    va_give(s, va, need);
+    LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  }
+  d->used += need;
+  *ptr = va;
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t size) {
+  stash_sim_t* s = ctx;
+  ENTER(s, mem_free);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  sim_device_t* d = &s->dev[device];
+  size_t i = ra_index_of(&d->allocs, ptr);
+  if (i == SIZE_MAX)
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
+                                  "sim: mem_free of 0x%" PRIx64 ", not an allocation", ptr));
+  if (d->allocs.v[i].size != size)
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
+                                  "sim: mem_free of 0x%" PRIx64 " with size %zu, allocated %" PRIu64,
+                                  ptr, size, d->allocs.v[i].size));
+  uint64_t need = round_up(size, s->gran);
+  ra_remove_at(&d->allocs, i);
+  va_give(s, ptr, need);
+  d->used -= need;
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_va_reserve(void* ctx, int device, size_t size, uint64_t* va) {
+  stash_sim_t* s = ctx;
+  ENTER(s, va_reserve);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  if (size == 0 || size % s->gran)
+    LEAVE(s, stash_provider_error(STASH_ERR_INVALID, "sim: va_reserve of %zu bytes", size));
+  uint64_t start;
+  stash_status_t st = va_take(s, size, &start);
+  if (st != STASH_OK) LEAVE(s, st);
+  sim_device_t* d = &s->dev[device];
+  if (!ra_insert_at(&d->reservations, ra_find(&d->reservations, start), (range_t){start, size})) {
+    va_give(s, start, size);
+    LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  }
+  *va = start;
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_va_free(void* ctx, int device, uint64_t va, size_t size) {
+  stash_sim_t* s = ctx;
+  ENTER(s, va_free);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  sim_device_t* d = &s->dev[device];
+  size_t i = ra_index_of(&d->reservations, va);
+  if (i == SIZE_MAX || d->reservations.v[i].size != size)
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
+                                  "sim: va_free of 0x%" PRIx64 "+%zu, not a reservation", va, size));
+  if (d->pages) {
+    for (uint64_t p = va; p < va + size; p += s->gran) {
+      if (_stash_ptrmap_get(&s->pages, p))
+        LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
+                                      "sim: va_free of a range with page 0x%" PRIx64 " mapped", p));
+    }
+  }
+  ra_remove_at(&d->reservations, i);
+  va_give(s, va, size);
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_phys_create(void* ctx, int device, size_t size, uint64_t* handle) {
+  stash_sim_t* s = ctx;
+  ENTER(s, phys_create);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  if (size == 0 || size % s->gran)
+    LEAVE(s, stash_provider_error(STASH_ERR_INVALID, "sim: phys_create of %zu bytes", size));
+  sim_device_t* d = &s->dev[device];
+  if (size > d->capacity - d->used)
+    LEAVE(s, stash_provider_error(STASH_ERR_OOM, "sim: out of memory creating %zu bytes", size));
+  handle_t* h = _stash_slab_alloc(&s->handle_slab);
+  uint64_t id = s->next_handle + 1;
+  if (!h || _stash_ptrmap_put(&s->handles, id, h) != STASH_OK) {
+    if (h) _stash_slab_free(&s->handle_slab, h);
+    LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  }
+  s->next_handle = id;
+  h->size = size;
+  h->device = device;
+  d->used += size;
+  d->handles++;
+  *handle = id;
+  LEAVE(s, STASH_OK);
+}
+
+static void handle_drop(stash_sim_t* s, uint64_t id, handle_t* h) {
+  s->dev[h->device].used -= h->size;
+  _stash_ptrmap_take(&s->handles, id);
+  _stash_slab_free(&s->handle_slab, h);
+}
+
+static stash_status_t sim_phys_release(void* ctx, int device, uint64_t id) {
+  stash_sim_t* s = ctx;
+  ENTER(s, phys_release);
+  handle_t* h = _stash_ptrmap_get(&s->handles, id);
+  if (!h || h->released || h->device != device)
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: phys_release of unknown handle %" PRIu64,
+                                  id));
+  h->released = true;
+  s->dev[device].handles--;
+  if (h->maps == 0) handle_drop(s, id, h);
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, uint64_t id) {
+  stash_sim_t* s = ctx;
+  ENTER(s, map);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  handle_t* h = _stash_ptrmap_get(&s->handles, id);
+  if (!h || h->released)
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: map of unknown handle %" PRIu64, id));
+  if (h->size != size || va % s->gran)
+    LEAVE(s, stash_provider_error(STASH_ERR_INVALID,
+                                  "sim: map of %zu bytes at 0x%" PRIx64 " from a handle of %zu",
+                                  size, va, h->size));
+  sim_device_t* d = &s->dev[device];
+  if (!ra_containing(&d->reservations, va, size))
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
+                                  "sim: map at 0x%" PRIx64 "+%zu outside any reservation", va, size));
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    if (_stash_ptrmap_get(&s->pages, p))
+      LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: map over mapped page 0x%" PRIx64, p));
+  }
+  if (_stash_ptrmap_reserve(&s->pages, size / s->gran) != STASH_OK)
+    LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(id << 1));
+    h->maps++;
+    d->pages++;
+  }
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_unmap(void* ctx, int device, uint64_t va, size_t size) {
+  stash_sim_t* s = ctx;
+  ENTER(s, unmap);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  if (va % s->gran || size % s->gran || size == 0)
+    LEAVE(s, stash_provider_error(STASH_ERR_INVALID, "sim: unmap of unaligned range"));
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    if (!_stash_ptrmap_get(&s->pages, p))
+      LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unmap of unmapped page 0x%" PRIx64, p));
+  }
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    uint64_t id = (uint64_t)(uintptr_t)_stash_ptrmap_take(&s->pages, p) >> 1;
+    handle_t* h = _stash_ptrmap_get(&s->handles, id);
+    s->dev[device].pages--;
+    if (h && --h->maps == 0 && h->released) handle_drop(s, id, h);
+  }
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_set_access(void* ctx, int device, uint64_t va, size_t size) {
+  stash_sim_t* s = ctx;
+  ENTER(s, set_access);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    if (!_stash_ptrmap_get(&s->pages, p))
+      LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: set_access on unmapped page 0x%" PRIx64,
+                                    p));
+  }
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p);
+    _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(v | 1));
+  }
+  LEAVE(s, STASH_OK);
+}
+
+static int stream_index(stash_sim_t* s, void* stream) {
+  for (size_t i = 0; i < s->nstreams; i++) {
+    if (s->streams[i].stream == stream) return (int)i;
+  }
+  if (s->nstreams == s->cap_streams) {
+    size_t cap = s->cap_streams ? s->cap_streams * 2 : 8;
+    sim_stream_t* v = realloc(s->streams, cap * sizeof *v);
+    if (!v) return -1;
+    s->streams = v;
+    s->cap_streams = cap;
+  }
+  s->streams[s->nstreams] = (sim_stream_t){stream, 0, 0};
+  return (int)s->nstreams++;
+}
+
+static stash_status_t sim_event_create(void* ctx, int device, uint64_t* event) {
+  stash_sim_t* s = ctx;
+  ENTER(s, event_create);
+  if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
+  sim_event_t* e = _stash_slab_alloc(&s->event_slab);
+  uint64_t id = s->next_event + 1;
+  if (!e || _stash_ptrmap_put(&s->events, id, e) != STASH_OK) {
+    if (e) _stash_slab_free(&s->event_slab, e);
+    LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  }
+  s->next_event = id;
+  e->device = device;
+  e->stream = -1;
+  s->dev[device].events++;
+  *event = id;
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_event_record(void* ctx, uint64_t event, void* stream) {
+  stash_sim_t* s = ctx;
+  ENTER(s, event_record);
+  sim_event_t* e = _stash_ptrmap_get(&s->events, event);
+  if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
+  int si = stream_index(s, stream);
+  if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  e->stream = si;
+  e->seq = ++s->streams[si].recorded;
+  LEAVE(s, STASH_OK);
+}
+
+static bool event_done(const stash_sim_t* s, const sim_event_t* e) {
+  return e->stream < 0 || s->streams[e->stream].completed >= e->seq;
+}
+
+static stash_status_t sim_event_query(void* ctx, uint64_t event) {
+  stash_sim_t* s = ctx;
+  ENTER(s, event_query);
+  sim_event_t* e = _stash_ptrmap_get(&s->events, event);
+  if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
+  LEAVE(s, event_done(s, e) ? STASH_OK : STASH_ERR_NOT_READY);
+}
+
+static stash_status_t sim_event_synchronize(void* ctx, uint64_t event) {
+  stash_sim_t* s = ctx;
+  ENTER(s, event_synchronize);
+  sim_event_t* e = _stash_ptrmap_get(&s->events, event);
+  if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
+  /* Waiting lets the stream run up to the event. */
+  if (!event_done(s, e)) s->streams[e->stream].completed = e->seq;
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_event_destroy(void* ctx, uint64_t event) {
+  stash_sim_t* s = ctx;
+  ENTER(s, event_destroy);
+  sim_event_t* e = _stash_ptrmap_take(&s->events, event);
+  if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
+  s->dev[e->device].events--;
+  _stash_slab_free(&s->event_slab, e);
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_stream_synchronize(void* ctx, void* stream) {
+  stash_sim_t* s = ctx;
+  ENTER(s, stream_synchronize);
+  int si = stream_index(s, stream);
+  if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  s->streams[si].completed = s->streams[si].recorded;
+  LEAVE(s, STASH_OK);
+}
+
+/* ---- Public control API --------------------------------------------------------------------- */
+
+stash_status_t stash_sim_create(int devices, size_t capacity, stash_sim_t** out) {
+  if (!out) return _stash_error(STASH_ERR_INVALID, "stash_sim_create: out is NULL");
+  *out = NULL;
+  if (devices < 1 || devices > 1024)
+    return _stash_error(STASH_ERR_INVALID, "stash_sim_create: %d devices (1..1024)", devices);
+  if (capacity == 0) capacity = STASH_SIM_DEFAULT_CAPACITY;
+  stash_sim_t* s = calloc(1, sizeof *s);
+  if (!s) return _stash_error(STASH_ERR_HOST_OOM, "stash_sim_create: out of host memory");
+  s->dev = calloc((size_t)devices, sizeof *s->dev);
+  if (!s->dev || !ra_insert_at(&s->free_va, 0, (range_t){SIM_VA_BASE, SIM_VA_LIMIT - SIM_VA_BASE})) {
+    free(s->dev);
+    free(s);
+    return _stash_error(STASH_ERR_HOST_OOM, "stash_sim_create: out of host memory");
+  }
+  pthread_mutex_init(&s->lock, NULL);
+  s->ndev = devices;
+  s->gran = STASH_SIM_DEFAULT_GRANULARITY;
+  for (int i = 0; i < devices; i++) s->dev[i].capacity = capacity;
+  _stash_ptrmap_init(&s->handles);
+  _stash_ptrmap_init(&s->pages);
+  _stash_ptrmap_init(&s->events);
+  _stash_slab_init(&s->handle_slab, sizeof(handle_t));
+  _stash_slab_init(&s->event_slab, sizeof(sim_event_t));
+  stash_provider_t* t = &s->table;
+  t->version = STASH_PROVIDER_VERSION;
+  t->size = sizeof *t;
+  t->name = "sim";
+  t->ctx = s;
+  t->device_count = sim_device_count;
+  t->granularity = sim_granularity;
+  t->mem_info = sim_mem_info;
+  t->mem_alloc = sim_mem_alloc;
+  t->mem_free = sim_mem_free;
+  t->va_reserve = sim_va_reserve;
+  t->va_free = sim_va_free;
+  t->phys_create = sim_phys_create;
+  t->phys_release = sim_phys_release;
+  t->map = sim_map;
+  t->unmap = sim_unmap;
+  t->set_access = sim_set_access;
+  t->event_create = sim_event_create;
+  t->event_record = sim_event_record;
+  t->event_query = sim_event_query;
+  t->event_synchronize = sim_event_synchronize;
+  t->event_destroy = sim_event_destroy;
+  t->stream_synchronize = sim_stream_synchronize;
+  *out = s;
+  return STASH_OK;
+}
+
+void stash_sim_destroy(stash_sim_t* s) {
+  if (!s) return;
+  for (int i = 0; i < s->ndev; i++) {
+    free(s->dev[i].allocs.v);
+    free(s->dev[i].reservations.v);
+  }
+  free(s->dev);
+  free(s->free_va.v);
+  free(s->streams);
+  _stash_ptrmap_free(&s->handles);
+  _stash_ptrmap_free(&s->pages);
+  _stash_ptrmap_free(&s->events);
+  _stash_slab_destroy(&s->handle_slab);
+  _stash_slab_destroy(&s->event_slab);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+}
+
+const stash_provider_t* stash_sim_provider(stash_sim_t* s) { return &s->table; }
+
+void stash_sim_complete(stash_sim_t* s, void* stream) {
+  pthread_mutex_lock(&s->lock);
+  int si = stream_index(s, stream);
+  if (si >= 0) s->streams[si].completed = s->streams[si].recorded;
+  pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t stash_sim_calls(const stash_sim_t* cs, stash_provider_call_t call) {
+  stash_sim_t* s = (stash_sim_t*)cs;
+  pthread_mutex_lock(&s->lock);
+  uint64_t v = call == STASH_CALL_ANY ? s->total_calls : (call < STASH_CALL_COUNT ? s->calls[call] : 0);
+  pthread_mutex_unlock(&s->lock);
+  return v;
+}
+
+void stash_sim_reset_calls(stash_sim_t* s) {
+  pthread_mutex_lock(&s->lock);
+  /* Pending nth-failures stay aimed at the same future call. */
+  for (int k = 0; k < STASH_CALL_COUNT; k++) {
+    if (s->fail_at[k]) s->fail_at[k] -= s->calls[k];
+    s->calls[k] = 0;
+  }
+  if (s->fail_at[STASH_CALL_ANY]) s->fail_at[STASH_CALL_ANY] -= s->total_calls;
+  s->total_calls = 0;
+  pthread_mutex_unlock(&s->lock);
+}
+
+void stash_sim_fail_nth(stash_sim_t* s, stash_provider_call_t call, uint64_t n,
+                        stash_status_t status) {
+  if (call > STASH_CALL_ANY) return;
+  pthread_mutex_lock(&s->lock);
+  uint64_t base = call == STASH_CALL_ANY ? s->total_calls : s->calls[call];
+  s->fail_at[call] = n ? base + n : 0;
+  s->fail_at_status[call] = status;
+  pthread_mutex_unlock(&s->lock);
+}
+
+void stash_sim_fail_random(stash_sim_t* s, stash_provider_call_t call, double p, uint64_t seed,
+                           stash_status_t status) {
+  if (call > STASH_CALL_ANY) return;
+  pthread_mutex_lock(&s->lock);
+  s->fail_p[call] = p > 0 ? p : 0;
+  s->fail_p_status[call] = status;
+  s->rng = seed;
+  pthread_mutex_unlock(&s->lock);
+}
+
+void stash_sim_hint_address(stash_sim_t* s, uint64_t address) {
+  pthread_mutex_lock(&s->lock);
+  s->hint = address;
+  pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t stash_sim_injected(const stash_sim_t* cs) {
+  stash_sim_t* s = (stash_sim_t*)cs;
+  pthread_mutex_lock(&s->lock);
+  uint64_t v = s->injected;
+  pthread_mutex_unlock(&s->lock);
+  return v;
+}
+
+void stash_sim_usage(const stash_sim_t* cs, int device, stash_sim_usage_t* out) {
+  stash_sim_t* s = (stash_sim_t*)cs;
+  memset(out, 0, sizeof *out);
+  if (device < 0 || device >= s->ndev) return;
+  pthread_mutex_lock(&s->lock);
+  sim_device_t* d = &s->dev[device];
+  out->used_bytes = d->used;
+  out->allocations = d->allocs.n;
+  out->reservations = d->reservations.n;
+  out->handles = d->handles;
+  out->mapped_pages = d->pages;
+  out->events = d->events;
+  pthread_mutex_unlock(&s->lock);
+}
+
+bool stash_sim_is_usable(const stash_sim_t* cs, int device, uint64_t ptr, size_t size) {
+  stash_sim_t* s = (stash_sim_t*)cs;
+  if (device < 0 || device >= s->ndev || size == 0) return false;
+  pthread_mutex_lock(&s->lock);
+  bool ok = ra_containing(&s->dev[device].allocs, ptr, size) != NULL;
+  if (!ok && ra_containing(&s->dev[device].reservations, ptr, size)) {
+    ok = true;
+    for (uint64_t p = ptr / s->gran * s->gran; p < ptr + size; p += s->gran) {
+      uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p);
+      if (!(v & 1)) {
+        ok = false;
+        break;
+      }
+    }
+  }
+  pthread_mutex_unlock(&s->lock);
+  return ok;
+}

@@ -1,0 +1,32 @@
+/* replay.h: replaying a trace through a stash heap on the simulated device. */
+#ifndef STASH_REPLAY_H
+#define STASH_REPLAY_H
+
+#include <stdint.h>
+
+#include "stash.h"
+#include "trace.h"
+
+typedef struct replay_result_s {
+  uint64_t events;
+  uint64_t peak_live_bytes;      /* from the trace: sum of requested sizes live at once */
+  uint64_t peak_reserved_bytes;  /* reserved_bytes.all.peak */
+  uint64_t peak_allocated_bytes; /* allocated_bytes.all.peak */
+  uint64_t peak_active_bytes;    /* active_bytes.all.peak */
+  uint64_t device_allocs;        /* num_device_alloc */
+  uint64_t device_frees;         /* num_device_free */
+  uint64_t alloc_retries;        /* num_alloc_retries */
+  uint64_t ooms;                 /* allocations that failed with out of memory */
+  uint64_t first_oom_line;       /* line of the first failed allocation (0: none) */
+  double ns_per_event;           /* host wall time of the replay loop per event */
+  stash_stats_t stats;           /* the heap's statistics at the end */
+} replay_result_t;
+
+/* Replay t under conf on a fresh simulated device of `capacity` bytes (0: an H200).
+ * Returns STASH_OK or the first error that is not out of memory (with stash_last_error()).
+ * If check_every is non-zero, stash_heap_check runs after every check_every events and
+ * every live allocation is checked for being usable memory that overlaps no other. */
+stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, uint64_t capacity,
+                          uint64_t check_every, replay_result_t* out);
+
+#endif
