@@ -25,6 +25,8 @@ typedef struct live_s {
   uint64_t* ids;
   uint64_t* sizes;
   size_t cap, count;
+  bool max_live; /* pointer UINT64_MAX, whose key (ptr + 1) would be the empty key 0 */
+  uint64_t max_id, max_size;
 } live_t;
 
 static size_t live_slot(uint64_t key, size_t cap) {
@@ -33,7 +35,8 @@ static size_t live_slot(uint64_t key, size_t cap) {
 
 static bool live_grow(live_t* m) {
   size_t cap = m->cap ? m->cap * 2 : 1024;
-  live_t n = {calloc(cap, 8), calloc(cap, 8), calloc(cap, 8), cap, 0};
+  live_t n = {calloc(cap, 8), calloc(cap, 8), calloc(cap, 8), cap, 0,
+              m->max_live, m->max_id, m->max_size};
   if (!n.keys || !n.ids || !n.sizes) {
     free(n.keys);
     free(n.ids);
@@ -58,6 +61,12 @@ static bool live_grow(live_t* m) {
 
 /* Keys are stored +1 so that pointer 0 is representable. */
 static bool live_put(live_t* m, uint64_t ptr, uint64_t id, uint64_t size) {
+  if (ptr == UINT64_MAX) {
+    m->max_live = true;
+    m->max_id = id;
+    m->max_size = size;
+    return true;
+  }
   if ((m->count + 1) * 2 > m->cap && !live_grow(m)) return false;
   uint64_t key = ptr + 1;
   size_t i = live_slot(key, m->cap);
@@ -70,6 +79,13 @@ static bool live_put(live_t* m, uint64_t ptr, uint64_t id, uint64_t size) {
 }
 
 static bool live_take(live_t* m, uint64_t ptr, uint64_t* id, uint64_t* size) {
+  if (ptr == UINT64_MAX) {
+    if (!m->max_live) return false;
+    *id = m->max_id;
+    *size = m->max_size;
+    m->max_live = false;
+    return true;
+  }
   if (!m->cap) return false;
   uint64_t key = ptr + 1;
   size_t mask = m->cap - 1, i = live_slot(key, m->cap);
@@ -184,6 +200,17 @@ static int split(char* line, char** fields, int max) {
   return n;
 }
 
+/* On a truncated or corrupt gzip stream gzgets returns the partial line before the error
+ * and reports the error only on the next call: a line that does not end in '\n' is
+ * checked for a read error before it is parsed. */
+static bool read_error(gzFile f, const char* line) {
+  size_t n = strlen(line);
+  if (n && line[n - 1] == '\n') return false;
+  int e;
+  gzerror(f, &e);
+  return e != Z_OK && e != Z_STREAM_END;
+}
+
 static void chomp(char* s) {
   size_t n = strlen(s);
   while (n && (s[n - 1] == '\n' || s[n - 1] == '\r')) s[--n] = '\0';
@@ -203,7 +230,7 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
   live_t live = {0};
   size_t cap = 0;
   char line[LINE_MAX_BYTES];
-  uint64_t lineno = 0, cur_live = 0;
+  uint64_t lineno = 0, cur_live = 0, cur_wraps = 0; /* live sum: cur_wraps * 2^64 + cur_live */
   int col[NCOLS];
   int ncols = 0;
   bool ok = false;
@@ -221,6 +248,11 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
     goto done;
   }
   lineno = 1;
+  if (read_error(f, line)) {
+    int e;
+    fail(err, errlen, "%s:1: read error: %s (truncated or corrupt gzip?)", path, gzerror(f, &e));
+    goto done;
+  }
   chomp(line);
   ncols = split(line, fields, 32);
   for (int c = 0; c < NCOLS; c++) {
@@ -240,6 +272,7 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
   for (;;) {
     if (!gzgets(f, line, sizeof line)) break;
     lineno++;
+    if (read_error(f, line)) break; /* reported below */
     size_t len = strlen(line);
     if (len == sizeof line - 1 && line[len - 1] != '\n') {
       fail(err, errlen, "%s:%llu: line longer than %d bytes", path, (unsigned long long)lineno,
@@ -278,6 +311,25 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
     }
     trace_event_t e = {.stream = (uint32_t)si, .line = lineno, .ptr = ptr};
     if (strcmp(action, "allocate") == 0) {
+      trace_event_t old = e;
+      if (live_take(&live, ptr, &old.id, &old.size)) {
+        /* The address is still live: its free row is missing. Free it here. */
+        if (warn) {
+          char msg[256];
+          snprintf(msg, sizeof msg, "%s:%llu: allocate of 0x%llx, which is still live; its "
+                   "free is missing and is assumed here", path, (unsigned long long)lineno,
+                   (unsigned long long)ptr);
+          warn(msg, warn_arg);
+        }
+        old.op = TRACE_FREE;
+        if (cur_live < old.size) cur_wraps--;
+        cur_live -= old.size;
+        t->implicit_frees++;
+        if (!push_event(t, &cap, old)) {
+          fail(err, errlen, "%s: out of memory", path);
+          goto done;
+        }
+      }
       e.op = TRACE_ALLOC;
       e.id = t->nallocs++;
       e.size = size;
@@ -286,7 +338,9 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
         goto done;
       }
       cur_live += size;
-      if (cur_live > t->peak_live) t->peak_live = cur_live;
+      if (cur_live < size) cur_wraps++; /* past 2^64: peak_live saturates */
+      uint64_t now = cur_wraps ? UINT64_MAX : cur_live;
+      if (now > t->peak_live) t->peak_live = now;
     } else if (strcmp(action, "free") == 0) {
       e.op = TRACE_FREE;
       if (!live_take(&live, ptr, &e.id, &e.size)) {
@@ -299,6 +353,7 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
         }
         continue;
       }
+      if (cur_live < e.size) cur_wraps--;
       cur_live -= e.size;
     } else if (strcmp(action, "allocate failure") == 0) {
       t->skipped_failures++;

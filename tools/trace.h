@@ -25,9 +25,10 @@ typedef struct trace_s {
   uint64_t nallocs;     /* allocation ids are 0..nallocs-1 */
   uint64_t* streams;    /* the trace's stream handles, in order of appearance */
   size_t nstreams;
-  uint64_t peak_live;   /* largest sum of requested sizes live at once */
+  uint64_t peak_live;   /* largest sum of requested sizes live at once (saturating) */
   size_t skipped_frees; /* frees of pointers not live in the trace (reported, skipped) */
   size_t skipped_failures; /* "allocate failure" rows */
+  size_t implicit_frees;   /* allocations of a still-live address: a free was assumed */
 } trace_t;
 
 /* Read an RMM CSV log (plain or gzip). On failure returns false with a message naming the

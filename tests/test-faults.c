@@ -1,0 +1,254 @@
+/* test-faults: every provider call failing at every step of a scripted sequence.
+ *
+ * For each configuration, the script is first run cleanly to count its provider calls;
+ * then, for every call number k (of any kind, and of each kind separately) and for two
+ * failure statuses, a fresh heap runs the script with the k-th call failing. After every
+ * operation the heap must pass stash_heap_check, a failed allocation must leave the
+ * allocation statistics as they were, a failed free must leave the block allocated (it is
+ * freed again later). At the end everything is freed, the heap destroyed, and the
+ * simulated device must hold nothing: no leak. Then the same with random failures.
+ */
+#include "fixture.h"
+
+#define S1 ((void*)0x1)
+#define S2 ((void*)0x2)
+#define NPTR 16
+
+typedef struct run_s {
+  fixture_t f;
+  void* p[NPTR];
+  int failures; /* operations that failed (any status) */
+  int wrong;    /* operations that broke an invariant */
+} run_t;
+
+static void after_op(run_t* r, const char* what) {
+  stash_status_t st = stash_heap_check(r->f.heap);
+  if (st != STASH_OK) {
+    r->wrong++;
+    fprintf(stderr, "[%s] after %s: %s\n", th_current, what, stash_last_error());
+  }
+}
+
+static void op_alloc(run_t* r, int slot, size_t size, void* stream) {
+  stash_stats_t before = fx_stats(&r->f);
+  void* p = (void*)0x1;
+  stash_status_t st = stash_heap_alloc(r->f.heap, size, stream, &p);
+  if (st != STASH_OK) {
+    r->failures++;
+    stash_stats_t after = fx_stats(&r->f);
+    if (p != NULL || after.allocation[0].current != before.allocation[0].current ||
+        after.allocated_bytes[0].current != before.allocated_bytes[0].current) {
+      r->wrong++;
+      fprintf(stderr, "[%s] failed alloc changed the allocation state\n", th_current);
+    }
+    if (stash_last_error()[0] == '\0') r->wrong++;
+    if (getenv("FAULTS_VERBOSE")) fprintf(stderr, "  alloc slot %d (%zu): %s\n", slot, size, stash_last_error());
+    p = NULL;
+  }
+  r->p[slot] = p;
+  after_op(r, "alloc");
+}
+
+static void op_free(run_t* r, int slot) {
+  if (!r->p[slot]) return;
+  stash_stats_t before = fx_stats(&r->f);
+  stash_status_t st = stash_heap_free(r->f.heap, r->p[slot]);
+  if (st == STASH_OK) {
+    r->p[slot] = NULL;
+  } else {
+    r->failures++;
+    stash_stats_t after = fx_stats(&r->f);
+    if (after.allocation[0].current != before.allocation[0].current) {
+      r->wrong++;
+      fprintf(stderr, "[%s] failed free changed the allocation count\n", th_current);
+    }
+  }
+  after_op(r, "free");
+}
+
+static void op_record(run_t* r, int slot, void* stream) {
+  if (!r->p[slot]) return;
+  if (stash_heap_record_stream(r->f.heap, r->p[slot], stream) != STASH_OK) r->failures++;
+  after_op(r, "record_stream");
+}
+
+static void op_empty(run_t* r) {
+  if (stash_heap_empty_cache(r->f.heap) != STASH_OK) r->failures++;
+  after_op(r, "empty_cache");
+}
+
+/* The scripted sequence: small and large blocks on two streams, cross-stream frees, reuse,
+ * an allocation that only fits after the cache is released, empty_cache with a pending
+ * free, and one request that cannot fit. Capacity 200 MiB. */
+static void script(run_t* r) {
+  op_alloc(r, 0, 1000, S1);
+  op_alloc(r, 1, 3 * MiB, S1);
+  op_alloc(r, 2, 30 * MiB, S1);
+  op_alloc(r, 3, 600 * KiB, S2);
+  op_record(r, 1, S2);
+  op_free(r, 1);
+  op_alloc(r, 4, 3 * MiB, S1); /* the event is pending: not b's block */
+  stash_sim_complete(r->f.sim, S2);
+  op_alloc(r, 5, 2 * MiB, S1); /* processes the event */
+  op_alloc(r, 6, 24 * MiB, S2);
+  op_free(r, 2);
+  op_free(r, 0);
+  op_free(r, 6);
+  op_alloc(r, 7, 130 * MiB, S1); /* fits only once the cached segments are released */
+  op_free(r, 3);
+  op_empty(r);
+  op_alloc(r, 8, 30 * MiB, S1);
+  op_record(r, 8, S2);
+  op_free(r, 8);
+  op_free(r, 7);
+  op_empty(r);
+  op_alloc(r, 9, 8 * MiB, S1);
+  op_alloc(r, 10, 200 * MiB, S1); /* out of memory, after releasing the cache */
+}
+
+static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
+                       stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
+  run_t r;
+  memset(&r, 0, sizeof r);
+  if (!fx_open(&r.f, conf, 200 * MiB)) return false;
+  stash_sim_reset_calls(r.f.sim);
+  if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
+  if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
+  script(&r);
+  if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
+  if (!nth && p == 0 && call == STASH_CALL_ANY) {
+    /* The clean run must reach every path the faults are meant to hit. */
+    bool vmm = strstr(conf, "expandable") != NULL;
+    stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
+    stash_provider_call_t need_vmm[] = {STASH_CALL_va_reserve, STASH_CALL_va_free,
+                                        STASH_CALL_phys_create, STASH_CALL_phys_release,
+                                        STASH_CALL_map, STASH_CALL_unmap,
+                                        STASH_CALL_set_access, STASH_CALL_stream_synchronize};
+    stash_provider_call_t need_all[] = {STASH_CALL_event_create, STASH_CALL_event_record,
+                                        STASH_CALL_event_query, STASH_CALL_event_synchronize,
+                                        STASH_CALL_mem_info};
+    for (size_t i = 0; i < sizeof need_all / sizeof need_all[0]; i++)
+      CHECK(stash_sim_calls(r.f.sim, need_all[i]) > 0);
+    if (vmm) {
+      for (size_t i = 0; i < sizeof need_vmm / sizeof need_vmm[0]; i++)
+        CHECK(stash_sim_calls(r.f.sim, need_vmm[i]) > 0);
+    } else {
+      for (size_t i = 0; i < sizeof need_plain / sizeof need_plain[0]; i++)
+        CHECK(stash_sim_calls(r.f.sim, need_plain[i]) > 0);
+    }
+    stash_stats_t s = fx_stats(&r.f);
+    CHECK_EQ(s.num_ooms, 1);
+    CHECK(s.num_alloc_retries >= 2);
+    CHECK_EQ(r.failures, 1); /* only the 200 MiB request */
+  }
+  uint64_t injected = stash_sim_injected(r.f.sim);
+  /* Turn faults off, then everything must come back. */
+  stash_sim_fail_nth(r.f.sim, STASH_CALL_ANY, 0, STASH_OK);
+  for (int k = 0; k < STASH_CALL_COUNT; k++) stash_sim_fail_nth(r.f.sim, k, 0, STASH_OK);
+  stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, 0, 0, STASH_OK);
+  stash_sim_complete(r.f.sim, S1);
+  stash_sim_complete(r.f.sim, S2);
+  for (int i = 0; i < NPTR; i++) {
+    if (r.p[i]) {
+      stash_status_t st = stash_heap_free(r.f.heap, r.p[i]);
+      if (st != STASH_OK) {
+        r.wrong++;
+        fprintf(stderr, "[%s] freeing slot %d after the faults: %s\n", th_current, i,
+                stash_last_error());
+      }
+    }
+  }
+  if (nth && injected == 0 && r.failures) {
+    r.wrong++; /* nothing was injected, so nothing may fail */
+    fprintf(stderr, "[%s] a call failed with no fault injected\n", th_current);
+  }
+  int before = th_failures;
+  fx_close(&r.f); /* checks: heap consistent, destroy OK, nothing left on the device */
+  if (r.wrong || th_failures != before) {
+    fprintf(stderr, "  ... conf '%s', %s call %llu failing with %s (p=%g seed=%llu)\n", conf,
+            stash_provider_call_name(call), (unsigned long long)nth, stash_status_name(status),
+            p, (unsigned long long)seed);
+    th_failures += r.wrong;
+    return false;
+  }
+  return true;
+}
+
+static const char* const k_confs[] = {
+    "policy:pytorch",
+    "policy:pytorch,expandable_segments:True",
+    "policy:pytorch,max_split_size_mb:20",
+};
+
+TEST(clean_script_leaves_nothing) {
+  for (size_t c = 0; c < sizeof k_confs / sizeof k_confs[0]; c++) {
+    uint64_t calls = 0;
+    CHECK(run_script(k_confs[c], STASH_CALL_ANY, 0, STASH_OK, 0, 0, &calls));
+  }
+}
+
+TEST(every_call_fails_once) {
+  static const stash_status_t statuses[] = {STASH_ERR_OOM, STASH_ERR_DRIVER};
+  int runs = 0;
+  for (size_t c = 0; c < sizeof k_confs / sizeof k_confs[0]; c++) {
+    for (int kind = 0; kind <= STASH_CALL_COUNT; kind++) {
+      uint64_t total = 0;
+      run_script(k_confs[c], (stash_provider_call_t)kind, 0, STASH_OK, 0, 0, &total);
+      for (uint64_t k = 1; k <= total; k++) {
+        for (size_t s = 0; s < 2; s++) {
+          if (!run_script(k_confs[c], (stash_provider_call_t)kind, k, statuses[s], 0, 0, NULL))
+            return; /* one report is enough */
+          runs++;
+        }
+      }
+    }
+  }
+  fprintf(stderr, "every_call_fails_once: %d runs\n", runs);
+  CHECK(runs > 600);
+}
+
+TEST(random_failures) {
+  for (size_t c = 0; c < sizeof k_confs / sizeof k_confs[0]; c++) {
+    for (uint64_t seed = 1; seed <= 200; seed++) {
+      if (!run_script(k_confs[c], STASH_CALL_ANY, 0, seed % 2 ? STASH_ERR_DRIVER : STASH_ERR_OOM,
+                      0.08, seed, NULL))
+        return;
+    }
+  }
+}
+
+TEST(heap_creation_fails_cleanly) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  stash_sim_fail_nth(sim, STASH_CALL_mem_info, 1, STASH_ERR_DRIVER);
+  stash_heap_t* h = (stash_heap_t*)0x1;
+  CHECK_EQ(stash_heap_create(NULL, stash_sim_provider(sim), 0, &h), STASH_ERR_DRIVER);
+  CHECK(h == NULL);
+  CHECK_STR_CONTAINS(stash_last_error(), "injected failure of mem_info");
+  CHECK_OK(stash_heap_create(NULL, stash_sim_provider(sim), 0, &h));
+  CHECK_OK(stash_heap_destroy(h));
+  stash_sim_destroy(sim);
+}
+
+TEST(driver_errors_carry_the_provider_message) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:pytorch", 0)) return;
+  stash_sim_fail_nth(f.sim, STASH_CALL_mem_alloc, 1, STASH_ERR_DRIVER);
+  void* p;
+  CHECK_EQ(stash_heap_alloc(f.heap, 1000, NULL, &p), STASH_ERR_DRIVER);
+  CHECK_STR_CONTAINS(stash_last_error(), "provider 'sim' failed to allocate a segment");
+  CHECK_STR_CONTAINS(stash_last_error(), "injected failure of mem_alloc");
+  /* A driver error is not out of memory: no cache release, no retry. */
+  CHECK_EQ(fx_stats(&f).num_alloc_retries, 0);
+  CHECK_EQ(fx_stats(&f).num_ooms, 0);
+  fx_close(&f);
+}
+
+int main(void) {
+  RUN(clean_script_leaves_nothing);
+  RUN(every_call_fails_once);
+  RUN(random_failures);
+  RUN(heap_creation_fails_cleanly);
+  RUN(driver_errors_carry_the_provider_message);
+  TEST_MAIN_END();
+}

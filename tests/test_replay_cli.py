@@ -1,0 +1,679 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the stash-replay command-line tool.
+
+    test_replay_cli.py PATH/TO/stash-replay PATH/TO/data
+
+Runs the binary on hand-made and real traces and checks its JSON and table output, its
+exit codes and its error messages. Standard library only. Exits non-zero if any test fails.
+"""
+import csv
+import gzip
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+
+BIN = None
+DATA = None
+TMP = None
+
+HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+PT = "policy:pytorch"
+PT_EXP = "policy:pytorch,expandable_segments:True"
+JSON_KEYS = ("trace", "conf", "events", "peak_live_bytes", "peak_reserved_bytes",
+             "peak_allocated_bytes", "device_allocs", "device_frees", "ooms", "ns_per_event")
+GiB = 1 << 30
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Failure(msg)
+
+
+def check_eq(got, want, what):
+    if got != want:
+        raise Failure("%s: got %r, want %r" % (what, got, want))
+
+
+def run(*args, timeout=300):
+    p = subprocess.run([BIN] + [str(a) for a in args], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=timeout)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def describe(rc, out, err):
+    return "rc=%d\n--- stdout:\n%s--- stderr:\n%s" % (rc, out[-3000:], err[-3000:])
+
+
+def check_no_crash(rc, out, err):
+    # A negative return code is death by a signal (SIGSEGV, SIGABRT from a sanitizer ...).
+    check(rc >= 0, "killed by signal %d\n%s" % (-rc, describe(rc, out, err)))
+    check("AddressSanitizer" not in err and "runtime error:" not in err,
+          "sanitizer report\n" + describe(rc, out, err))
+
+
+_n = [0]
+
+
+def write(name, text=None, data=None, gz=False):
+    """Write a file under a fresh directory of TMP (so each file has the given base name)."""
+    _n[0] += 1
+    d = os.path.join(TMP, "f%d" % _n[0])
+    os.mkdir(d)
+    path = os.path.join(d, name)
+    if data is None:
+        data = text.encode()
+    if gz:
+        data = gzip.compress(data)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def trace_text(rows, header=HEADER):
+    """rows: (action, pointer, size, stream) tuples or raw strings."""
+    lines = [header]
+    for i, r in enumerate(rows):
+        if isinstance(r, str):
+            lines.append(r)
+        else:
+            action, ptr, size, stream = r
+            lines.append("0,00:00:%02d.%06d,%s,%s,%s,%s" % (i // 1000000 % 60, i % 1000000,
+                                                            action, ptr, size, stream))
+    return "\n".join(lines) + "\n"
+
+
+def json_lines(out):
+    res = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        try:
+            res.append(json.loads(line))
+        except ValueError as e:
+            raise Failure("not a JSON line: %r (%s)" % (line, e))
+    return res
+
+
+def replay_json(path, *args, confs=(PT,)):
+    cargs = []
+    for c in confs:
+        cargs += ["--conf", c]
+    rc, out, err = run("--json", *cargs, *args, path)
+    check_no_crash(rc, out, err)
+    check_eq(rc, 0, "exit status of --json replay of %s\n%s" % (path, describe(rc, out, err)))
+    objs = json_lines(out)
+    check_eq(len(objs), len(confs), "number of JSON lines\n" + describe(rc, out, err))
+    for o in objs:
+        for k in JSON_KEYS:
+            check(k in o, "JSON line lacks key %r: %r" % (k, o))
+    return objs, err
+
+
+def expect_error(path, *patterns, args=(), rc_want=None):
+    """The replay of path must fail cleanly: rc > 0, and stderr matches every pattern."""
+    rc, out, err = run(*args, path)
+    check_no_crash(rc, out, err)
+    check(rc > 0, "expected a non-zero exit\n" + describe(rc, out, err))
+    if rc_want is not None:
+        check_eq(rc, rc_want, "exit status\n" + describe(rc, out, err))
+    check(os.path.basename(path) in err, "stderr does not name the file %s\n%s"
+          % (path, describe(rc, out, err)))
+    for p in patterns:
+        check(re.search(p, err), "stderr does not match /%s/\n%s" % (p, describe(rc, out, err)))
+    check(len(err) < 2000, "stderr is not a short message\n" + describe(rc, out, err))
+    return rc, out, err
+
+
+def hand_model(rows):
+    """What the reader should make of rows: (events, peak_live). Frees of pointers not
+    live are skipped, "allocate failure" rows are skipped."""
+    live = {}
+    cur = peak = events = 0
+    for action, ptr, size, _stream in rows:
+        p = int(ptr, 16)
+        if action == "allocate":
+            live[p] = int(size)
+            cur += int(size)
+            peak = max(peak, cur)
+            events += 1
+        elif action == "free":
+            if p in live:
+                cur -= live.pop(p)
+                events += 1
+    return events, peak
+
+
+# A small two-stream trace; peak live is 3000+5000+700 after row 4, then 5000+700+20000.
+SMALL = [
+    ("allocate", "0x7f0000000000", 3000, "0x0"),
+    ("allocate", "0x7f0000200000", 5000, "0x1234"),
+    ("allocate", "0x7f0000400000", 700, "0x0"),
+    ("free", "0x7f0000000000", 3000, "0x0"),
+    ("allocate", "0x7f0000600000", 20000, "0x1234"),
+    ("free", "0x7f0000200000", 5000, "0x1234"),
+    ("free", "0x7f0000400000", 700, "0x0"),
+    ("free", "0x7f0000600000", 20000, "0x1234"),
+]
+
+# ------------------------------------------------------------------------------------------
+
+
+def test_small_trace_json():
+    path = write("small.csv", trace_text(SMALL))
+    events, peak = hand_model(SMALL)
+    check_eq((events, peak), (8, 25700), "hand model of SMALL (test bug)")
+    (o,), err = replay_json(path)
+    check_eq(o["trace"], "small.csv", "trace")
+    check_eq(o["conf"], PT, "conf")
+    check_eq(o["events"], events, "events")
+    check_eq(o["peak_live_bytes"], peak, "peak_live_bytes")
+    check_eq(o["ooms"], 0, "ooms")
+    if "streams" in o:
+        check_eq(o["streams"], 2, "streams")
+    # Each allocation is rounded to 512 bytes; all four are small (< 1 MiB).
+    check(o["peak_allocated_bytes"] >= peak, "peak_allocated_bytes < peak_live_bytes: %r" % o)
+    check(o["peak_reserved_bytes"] >= o["peak_allocated_bytes"], "reserved < allocated: %r" % o)
+    check(o["device_allocs"] >= 2, "two streams need two small segments: %r" % o)
+    check(isinstance(o["ns_per_event"], (int, float)) and o["ns_per_event"] >= 0,
+          "ns_per_event: %r" % o)
+    check_eq(err, "", "stderr of a clean replay")
+
+
+def test_one_small_allocation_pytorch():
+    path = write("one.csv", trace_text([("allocate", "0x7f0000000000", 1000, "0x0")]))
+    (o,), _ = replay_json(path)
+    check_eq(o["events"], 1, "events")
+    check_eq(o["peak_live_bytes"], 1000, "peak_live_bytes")
+    check_eq(o["peak_reserved_bytes"], 2097152, "peak_reserved_bytes (one 2 MiB small segment)")
+    check_eq(o["peak_allocated_bytes"], 1024, "peak_allocated_bytes (512-byte rounding)")
+    check_eq(o["device_allocs"], 1, "device_allocs")
+    check_eq(o["device_frees"], 0, "device_frees")
+    check_eq(o["ooms"], 0, "ooms")
+
+
+def test_check_mode_same_result():
+    path = write("small.csv", trace_text(SMALL))
+    (a,), _ = replay_json(path)
+    (b,), _ = replay_json(path, "--check", "1")
+    a.pop("ns_per_event")
+    b.pop("ns_per_event")
+    check_eq(b, a, "--check 1 result vs plain result")
+
+
+def test_gzip_same_as_plain():
+    text = trace_text(SMALL)
+    plain = write("small.csv", text)
+    gz = write("small.csv", text, gz=True)
+    with open(gz, "rb") as f:
+        check_eq(f.read(2), b"\x1f\x8b", "gzip magic (test bug)")
+    a, _ = replay_json(plain, confs=(PT, PT_EXP))
+    b, _ = replay_json(gz, confs=(PT, PT_EXP))
+    for x in a + b:
+        x.pop("ns_per_event")
+    check_eq(b, a, "JSON of the gzip-compressed trace vs the plain one")
+
+
+def test_repeated_conf_order():
+    path = write("small.csv", trace_text(SMALL))
+    confs = (PT_EXP, PT, "policy:pytorch,max_split_size_mb:20", PT)
+    objs, _ = replay_json(path, confs=confs)
+    check_eq([o["conf"] for o in objs], list(confs), "conf of each JSON line, in order")
+    for o in objs:
+        check_eq(o["trace"], "small.csv", "trace")
+        check_eq(o["events"], 8, "events")
+    check_eq(objs[1], dict(objs[3], ns_per_event=objs[1]["ns_per_event"]),
+             "the same configuration twice gives the same result")
+
+
+def test_several_traces():
+    a = write("a.csv", trace_text(SMALL))
+    b = write("b.csv", trace_text([("allocate", "0x7f0000000000", 1000, "0x0")]))
+    rc, out, err = run("--json", "--conf", PT, "--conf", PT_EXP, a, b)
+    check_eq(rc, 0, "exit\n" + describe(rc, out, err))
+    objs = json_lines(out)
+    check_eq([(o["trace"], o["conf"]) for o in objs],
+             [("a.csv", PT), ("a.csv", PT_EXP), ("b.csv", PT), ("b.csv", PT_EXP)],
+             "(trace, conf) of each line")
+    check_eq([o["events"] for o in objs], [8, 8, 1, 1], "events")
+
+
+def test_bad_trace_among_good_ones():
+    good = write("good.csv", trace_text(SMALL))
+    bad = write("bad.csv", "a,b,c\n1,2,3\n")
+    rc, out, err = run("--json", "--conf", PT, good, bad, good)
+    check_no_crash(rc, out, err)
+    check(rc > 0, "a bad trace must make the exit non-zero\n" + describe(rc, out, err))
+    check("bad.csv" in err, "stderr names the bad trace\n" + describe(rc, out, err))
+    objs = json_lines(out)
+    check_eq([o["trace"] for o in objs], ["good.csv", "good.csv"],
+             "the good traces are still replayed\n" + describe(rc, out, err))
+
+
+def test_json_escapes_trace_name():
+    name = 'we"ird\\name.csv'
+    path = write(name, trace_text(SMALL))
+    (o,), _ = replay_json(path)
+    check_eq(o["trace"], name, "trace name with a quote and a backslash")
+
+
+def test_table_output():
+    path = write("small.csv", trace_text(SMALL))
+    confs = (PT, PT_EXP, "policy:pytorch,max_split_size_mb:20")
+    args = []
+    for c in confs:
+        args += ["--conf", c]
+    rc, out, err = run(*args, path)
+    check_no_crash(rc, out, err)
+    check_eq(rc, 0, "exit\n" + describe(rc, out, err))
+    check("small.csv" in out, "table names the trace\n" + out)
+    check(not out.lstrip().startswith("{"), "table output is not JSON\n" + out)
+    rows = {}
+    for line in out.splitlines():
+        for c in confs:
+            m = re.match(r"^([ *]) (\S+)\s+(\d+)\s", line)
+            if m and m.group(2) == c:
+                rows[c] = m
+    for c in confs:
+        check(c in rows, "table has no row for %r\n%s" % (c, out))
+    starred = [c for c in confs if rows[c].group(1) == "*"]
+    check_eq(len(starred), 1, "rows marked '*'\n" + out)
+    # '*' marks the least reserved.
+    least = min(int(rows[c].group(3)) for c in confs)
+    check_eq(int(rows[starred[0]].group(3)), least, "the '*' row reserves the least\n" + out)
+    # The table's numbers are those of --json.
+    objs, _ = replay_json(path, confs=confs)
+    for o in objs:
+        check_eq(int(rows[o["conf"]].group(3)), o["peak_reserved_bytes"],
+                 "table's peak reserved for %s" % o["conf"])
+
+
+# ---- bad inputs --------------------------------------------------------------------------
+
+
+def test_nonexistent_file():
+    path = os.path.join(TMP, "no-such-dir", "missing.csv")
+    expect_error(path, r"missing\.csv")
+
+
+def test_empty_file():
+    expect_error(write("empty.csv", ""), r"empty")
+
+
+def test_not_rmm_header():
+    expect_error(write("hdr.csv", "a,b,c\n1,2,3\n"), r"hdr\.csv:1\b", r"(?i)header|rmm")
+
+
+def test_wrong_field_count():
+    text = trace_text(SMALL[:3] + ["0,00:00:01.000000,free,0x7f0000000000"] + SMALL[3:])
+    expect_error(write("fields.csv", text), r"fields\.csv:5:")
+    # Too many fields, and a line of a single field.
+    text = trace_text(SMALL[:1] + ["0,t,allocate,0x7f0000400000,64,0x0,extra"])
+    expect_error(write("fields2.csv", text), r"fields2\.csv:3:")
+    text = trace_text(SMALL[:2] + ["garbage"])
+    expect_error(write("fields3.csv", text), r"fields3\.csv:4:")
+
+
+def test_bad_pointer():
+    text = trace_text(SMALL[:2] + [("allocate", "0xZZ", 64, "0x0")])
+    expect_error(write("ptr.csv", text), r"ptr\.csv:4:", r"0xZZ")
+    text = trace_text([("allocate", "", 64, "0x0")])
+    expect_error(write("ptr2.csv", text), r"ptr2\.csv:2:", r"(?i)pointer")
+
+
+def test_bad_size():
+    for i, bad in enumerate(("-5", "abc", "12abc", "", "99999999999999999999999")):
+        name = "size%d.csv" % i
+        text = trace_text([("allocate", "0x7f0000000000", 64, "0x0"),
+                           ("allocate", "0x7f0000200000", bad, "0x0")])
+        expect_error(write(name, text), re.escape(name) + r":3:", r"(?i)size")
+
+
+def test_bad_stream():
+    text = trace_text([("allocate", "0x7f0000000000", 64, "stream0")])
+    expect_error(write("stream.csv", text), r"stream\.csv:2:", r"stream0")
+
+
+def test_unknown_action():
+    text = trace_text(SMALL[:4] + [("reallocate", "0x7f0000000000", 64, "0x0")])
+    expect_error(write("action.csv", text), r"action\.csv:6:", r"reallocate")
+
+
+def test_truncated_gzip():
+    src = os.path.join(DATA, "traces", "resnet50_train.csv.gz")
+    with gzip.open(src, "rb") as f:
+        raw = f.read()
+    comp = gzip.compress(raw)
+    for frac in (2, 3, 7):
+        name = "cut%d.csv.gz" % frac
+        path = write(name, data=comp[:len(comp) // frac])
+        # Whatever line the cut falls in, the message must say the file is cut short
+        # (not blame a half line for having too few fields).
+        expect_error(path, r"(?i)truncat|corrupt|unexpected end")
+    # Cut just before the gzip trailer: all lines are there but the file is incomplete.
+    expect_error(write("trailer.csv.gz", data=comp[:-4]), r"(?i)truncat|corrupt|unexpected end")
+
+
+def test_corrupt_gzip():
+    src = os.path.join(DATA, "traces", "resnet50_train.csv.gz")
+    with gzip.open(src, "rb") as f:
+        comp = bytearray(gzip.compress(f.read()))
+    mid = len(comp) // 2
+    for i in range(mid, mid + 64):
+        comp[i] ^= 0x5A
+    expect_error(write("corrupt.csv.gz", data=bytes(comp)))
+
+
+def test_binary_garbage():
+    rnd = random.Random(1234)
+    data = bytes(rnd.randrange(256) for _ in range(20000))
+    check(data[:2] != b"\x1f\x8b", "garbage looks like gzip (test bug)")
+    expect_error(write("garbage.bin", data=data))
+    # Garbage after a valid header: a line number is named.
+    expect_error(write("garbage2.csv", data=(HEADER + "\n").encode() + data),
+                 r"garbage2\.csv:\d+:")
+
+
+def test_directory_as_trace():
+    d = os.path.join(TMP, "adir.csv")
+    os.mkdir(d)
+    expect_error(d)
+
+
+# ---- semantics ---------------------------------------------------------------------------
+
+
+def test_free_of_unknown_pointer_warns():
+    rows = SMALL[:3] + [("free", "0x7f00deadbe00", 64, "0x0")] + SMALL[3:]
+    path = write("stray.csv", trace_text(rows))
+    rc, out, err = run("--json", "--conf", PT, path)
+    check_no_crash(rc, out, err)
+    check_eq(rc, 0, "a stray free is not an error\n" + describe(rc, out, err))
+    check(re.search(r"(?i)warn", err), "no warning\n" + describe(rc, out, err))
+    check(re.search(r"stray\.csv:5\b", err), "warning names file:line\n" + describe(rc, out, err))
+    (o,) = json_lines(out)
+    events, peak = hand_model(rows)
+    check_eq(events, 8, "hand model (test bug)")
+    check_eq(o["events"], events, "events (the stray free is skipped)")
+    check_eq(o["peak_live_bytes"], peak, "peak_live_bytes")
+
+
+def test_double_free_warns():
+    rows = SMALL[:4] + [("free", "0x7f0000000000", 3000, "0x0")] + SMALL[4:]
+    path = write("double.csv", trace_text(rows))
+    objs, err = replay_json(path)
+    check(re.search(r"double\.csv:6\b", err), "warning names file:line 6\n" + err)
+    check_eq(objs[0]["events"], 8, "events")
+    check_eq(objs[0]["peak_live_bytes"], 25700, "peak_live_bytes")
+
+
+def test_allocate_failure_skipped():
+    rows = (SMALL[:2] + [("allocate failure", "0x0", 1 << 40, "0x0")] + SMALL[2:5] +
+            [("allocate failure", "0x0", 123456789, "0x1234")] + SMALL[5:])
+    path = write("failure.csv", trace_text(rows))
+    (o,), err = replay_json(path)
+    check_eq(o["events"], 8, "events (allocate failure rows are not events)")
+    check_eq(o["peak_live_bytes"], 25700, "peak_live_bytes")
+    check_eq(o["ooms"], 0, "ooms")
+    (base,), _ = replay_json(write("small.csv", trace_text(SMALL)))
+    o.pop("ns_per_event"), base.pop("ns_per_event"), o.pop("trace"), base.pop("trace")
+    check_eq(o, base, "result with allocate failure rows vs without")
+
+
+def test_crlf_and_blank_lines():
+    text = trace_text(SMALL).replace("\n", "\r\n")
+    (o,), _ = replay_json(write("crlf.csv", text))
+    check_eq((o["events"], o["peak_live_bytes"]), (8, 25700), "CRLF trace")
+    lines = trace_text(SMALL).split("\n")
+    text = "\n".join(lines[:3] + [""] + lines[3:])
+    (o,), _ = replay_json(write("blank.csv", text))
+    check_eq((o["events"], o["peak_live_bytes"]), (8, 25700), "trace with a blank line")
+    # The line number after a blank line still counts the blank line.
+    bad = "\n".join(lines[:3] + ["", "0,t,allocate,0xZZ,1,0x0"] + lines[3:])
+    expect_error(write("blank2.csv", bad), r"blank2\.csv:5:")
+
+
+def test_columns_found_by_name():
+    header = "Stream,Size,Pointer,Action,Time,Thread"
+    rows = ["%s,%s,%s,%s,t,0" % (s, z, p, a) for a, p, z, s in SMALL]
+    (o,), _ = replay_json(write("reordered.csv", trace_text(rows, header=header)))
+    check_eq((o["events"], o["peak_live_bytes"]), (8, 25700), "trace with reordered columns")
+    if "streams" in o:
+        check_eq(o["streams"], 2, "streams")
+
+
+def test_extreme_pointers():
+    # Pointer 0 and the largest pointer are ordinary keys. The third pointer lands, in
+    # stash-replay's pointer map, in the slot a key of 0 would take; peak live is 1100.
+    rows = [
+        ("allocate", "0xffffffffffffffff", 100, "0x0"),
+        ("allocate", "0x7f000005f000", 1000, "0x0"),
+        ("free", "0xffffffffffffffff", 100, "0x0"),
+        ("allocate", "0x7f0000100000", 50, "0x0"),
+        ("allocate", "0x0", 30, "0x0"),
+        ("free", "0x7f000005f000", 1000, "0x0"),
+        ("free", "0x7f0000100000", 50, "0x0"),
+        ("free", "0x0", 30, "0x0"),
+        ("allocate", "0xffffffffffffffff", 7, "0x0"),
+        ("free", "0xffffffffffffffff", 7, "0x0"),
+    ]
+    # And many more pointers, so that some share slots with the extreme ones.
+    for i in range(3000):
+        rows.append(("allocate", hex(0x7e0000000000 + 512 * i), 1, "0x0"))
+    for i in range(3000):
+        rows.append(("free", hex(0x7e0000000000 + 512 * i), 1, "0x0"))
+    events, peak = hand_model(rows)
+    check_eq(peak, 3000, "hand model (test bug)")
+    rows.insert(2, ("allocate", "0x7f0000300000", 2000, "0x0"))
+    rows.insert(6, ("free", "0x7f0000300000", 2000, "0x0"))
+    events, peak = hand_model(rows)
+    check_eq(peak, 3100, "hand model (test bug)")
+    (o,), err = replay_json(write("extreme.csv", trace_text(rows)), "--check", "1")
+    check_eq(err, "", "stderr (no free is stray)")
+    check_eq(o["events"], events, "events")
+    check_eq(o["peak_live_bytes"], peak, "peak_live_bytes")
+    check_eq(o["ooms"], 0, "ooms")
+
+
+def test_capacity_values():
+    path = write("small.csv", trace_text(SMALL))
+    for v in ("1GiB", "1G", "1073741824"):
+        (o,), _ = replay_json(path, "--capacity", v)
+        check_eq(o["ooms"], 0, "ooms under --capacity %s" % v)
+    for v in ("abc", "0", "", "1.5G", "-1G", "1X", "99999999999T"):
+        rc, out, err = run("--capacity", v, "--json", path)
+        check_no_crash(rc, out, err)
+        check_eq(rc, 2, "exit of --capacity %r\n%s" % (v, describe(rc, out, err)))
+        check("capacity" in err, "message names --capacity\n" + describe(rc, out, err))
+        check_eq(out, "", "nothing replayed with a bad --capacity")
+    rc, out, err = run(path, "--capacity")
+    check_eq(rc, 2, "--capacity without a value\n" + describe(rc, out, err))
+
+
+def test_capacity_oom():
+    rows = [("allocate", hex(0x7f0000000000 + i * GiB), GiB, "0x0") for i in range(3)]
+    rows += [("free", hex(0x7f0000000000 + i * GiB), GiB, "0x0") for i in range(3)]
+    rows += [("allocate", "0x7f1000000000", 1000, "0x0")]
+    path = write("big3.csv", trace_text(rows))
+    objs, _ = replay_json(path, "--capacity", "1GiB", confs=(PT, PT_EXP))
+    for o in objs:
+        check_eq(o["peak_live_bytes"], 3 * GiB, "peak_live_bytes")
+        check_eq(o["events"], 7, "events")
+        check(0 < o["ooms"] <= 3, "ooms under 1 GiB for 3 GiB live: %r" % o)
+        check(o["peak_reserved_bytes"] <= GiB, "reserved more than the capacity: %r" % o)
+    # The same trace fits the default device.
+    objs, _ = replay_json(path, confs=(PT, PT_EXP))
+    for o in objs:
+        check_eq(o["ooms"], 0, "ooms on the default device")
+    # The table reports where the first one ran out.
+    rc, out, err = run("--capacity", "1GiB", "--conf", PT, path)
+    check_no_crash(rc, out, err)
+    check_eq(rc, 0, "exit\n" + describe(rc, out, err))
+    check(re.search(r"out of memory.*line [2-4]\b", out), "table names the OOM line\n" + out)
+
+
+def test_absurd_sizes():
+    rows = [
+        ("allocate", "0x7f0000000000", 1000, "0x0"),
+        ("allocate", "0x7f0000200000", 2 ** 64 - 1, "0x0"),
+        ("allocate", "0x7f0000400000", 2 ** 62, "0x1234"),
+        ("allocate", "0x7f0000600000", 2 ** 63 + 1, "0x0"),
+        ("allocate", "0x7f0000800000", 2 ** 64 - 512, "0x0"),
+        ("free", "0x7f0000200000", 0, "0x0"),
+        ("free", "0x7f0000400000", 0, "0x1234"),
+        ("free", "0x7f0000600000", 0, "0x0"),
+        ("free", "0x7f0000800000", 0, "0x0"),
+        ("allocate", "0x7f0000a00000", 3000, "0x0"),
+        ("free", "0x7f0000000000", 1000, "0x0"),
+        ("free", "0x7f0000a00000", 3000, "0x0"),
+    ]
+    path = write("absurd.csv", trace_text(rows))
+    for args in ((), ("--capacity", "1GiB"), ("--check", "1")):
+        objs, _ = replay_json(path, *args, confs=(PT, PT_EXP))
+        for o in objs:
+            check_eq(o["events"], 12, "events")
+            check_eq(o["ooms"], 4, "ooms (each absurd allocation fails) %r" % (o,))
+            # The two real allocations are served: 1024 + 3072 bytes at the peak.
+            check_eq(o["peak_allocated_bytes"], 4096, "peak_allocated_bytes %r" % (o,))
+            # Peak live is at least the largest allocation live (saturating, not wrapped).
+            check(o["peak_live_bytes"] >= 2 ** 64 - 1,
+                  "peak_live_bytes wrapped around: %r" % (o,))
+    # The table too.
+    rc, out, err = run("--conf", PT, path)
+    check_no_crash(rc, out, err)
+    check_eq(rc, 0, "exit\n" + describe(rc, out, err))
+    check(re.search(r"4 allocations ran out of memory, the first at line 3\b", out),
+          "table reports the OOMs\n" + out)
+
+
+def test_bad_conf():
+    path = write("small.csv", trace_text(SMALL))
+    for conf, word in (("policy:pytorch,bogus:1", "bogus"), ("policy:nosuch", "nosuch"),
+                       ("policy:pytorch,max_split_size_mb:xyz", "xyz")):
+        rc, out, err = run("--json", "--conf", PT, "--conf", conf, path)
+        check_no_crash(rc, out, err)
+        check_eq(rc, 2, "exit for --conf %r\n%s" % (conf, describe(rc, out, err)))
+        check(word in err, "message names %r\n%s" % (word, describe(rc, out, err)))
+        check_eq(out, "", "nothing is replayed when a --conf is bad")
+
+
+def test_options():
+    rc, out, err = run("--frobnicate")
+    check_eq(rc, 2, "unknown option\n" + describe(rc, out, err))
+    check("--frobnicate" in err, "message names the option\n" + describe(rc, out, err))
+    rc, out, err = run("--conf")
+    check_eq(rc, 2, "--conf without a value\n" + describe(rc, out, err))
+    rc, out, err = run("--check", "x", "--json")
+    check_eq(rc, 2, "--check x\n" + describe(rc, out, err))
+    for h in ("--help", "-h"):
+        rc, out, err = run(h)
+        check_eq(rc, 0, h + "\n" + describe(rc, out, err))
+        check("usage" in out and "--conf" in out and "--capacity" in out,
+              "help text\n" + describe(rc, out, err))
+
+
+def read_trace_py(path):
+    """The reference reader: (events, peak_live, nstreams) of an RMM CSV trace."""
+    with gzip.open(path, "rt", newline="") as f:
+        r = csv.DictReader(f)
+        live, streams = {}, set()
+        cur = peak = events = 0
+        for row in r:
+            a, p, s = row["Action"], int(row["Pointer"], 16), int(row["Size"])
+            streams.add(int(row["Stream"], 16))
+            if a == "allocate":
+                live[p] = s
+                cur += s
+                peak = max(peak, cur)
+                events += 1
+            elif a == "free" and p in live:
+                cur -= live.pop(p)
+                events += 1
+    return events, peak, len(streams)
+
+
+def test_real_traces_json():
+    traces = sorted(os.path.join(DATA, "traces", n) for n in os.listdir(os.path.join(DATA, "traces"))
+                    if n.endswith(".csv.gz"))
+    check(traces, "no traces in " + DATA)
+    for t in traces:
+        events, peak, nstreams = read_trace_py(t)
+        objs, _ = replay_json(t, confs=(PT, PT_EXP))
+        for o in objs:
+            check_eq(o["trace"], os.path.basename(t), "trace")
+            check_eq(o["events"], events, "%s: events" % t)
+            check_eq(o["peak_live_bytes"], peak, "%s: peak_live_bytes" % t)
+            if "streams" in o:
+                check_eq(o["streams"], nstreams, "%s: streams" % t)
+            check_eq(o["ooms"], 0, "%s: ooms" % t)
+            check(o["peak_live_bytes"] <= o["peak_allocated_bytes"] <= o["peak_reserved_bytes"],
+                  "%s: live <= allocated <= reserved: %r" % (t, o))
+
+
+def test_default_run():
+    rc, out, err = run()
+    check_no_crash(rc, out, err)
+    check_eq(rc, 0, "exit of stash-replay with no arguments\n" + describe(rc, out, err))
+    check("resnet50_train.csv.gz" in out, "default trace is named\n" + out)
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^([ *]) (\S+)\s+(\d+)\s", line)
+        if m:
+            rows[m.group(2)] = m
+    for c in (PT, PT_EXP):
+        check(c in rows, "table has a row for %r\n%s" % (c, out))
+    check_eq(len(rows), 2, "rows of the default table\n" + out)
+    check_eq(sum(m.group(1) == "*" for m in rows.values()), 1, "rows marked '*'\n" + out)
+    # Same numbers as replaying the data dir's copy explicitly.
+    objs, _ = replay_json(os.path.join(DATA, "traces", "resnet50_train.csv.gz"),
+                          confs=(PT, PT_EXP))
+    for o in objs:
+        check_eq(int(rows[o["conf"]].group(3)), o["peak_reserved_bytes"],
+                 "default run's peak reserved for %s" % o["conf"])
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def main():
+    global BIN, DATA, TMP
+    if len(sys.argv) != 3:
+        sys.stderr.write("usage: test_replay_cli.py STASH_REPLAY DATA_DIR\n")
+        return 2
+    BIN, DATA = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    only = os.environ.get("TEST_ONLY")
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="stash-replay-cli-") as tmp:
+        TMP = tmp
+        for name, f in tests:
+            if only and only not in name:
+                continue
+            try:
+                f()
+                print("PASS %s" % name)
+            except Failure as e:
+                failed.append(name)
+                print("FAIL %s: %s" % (name, e))
+            except Exception:
+                failed.append(name)
+                print("FAIL %s: exception\n%s" % (name, traceback.format_exc()))
+            sys.stdout.flush()
+    print("%d/%d passed" % (len(tests) - len(failed), len(tests)) if not only else
+          "%d failed" % len(failed))
+    if failed:
+        print("failed: " + " ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
