@@ -139,12 +139,6 @@ STASH_API void stash_sim_fail_nth(stash_sim_t* sim, stash_provider_call_t call, 
                                   stash_status_t status);
 STASH_API void stash_sim_fail_random(stash_sim_t* sim, stash_provider_call_t call, double p,
                                      uint64_t seed, stash_status_t status);
-/* Ask that the next successful mem_alloc place its allocation at `address` if that range
- * is free (0 cancels; the request holds until an allocation is placed). The replayer uses
- * it to put each segment where the traced program's driver put it, so that ties between
- * equally good blocks break by address as they did in the recorded run. */
-STASH_API void stash_sim_hint_address(stash_sim_t* sim, uint64_t address);
-
 /* Number of calls failed by injection so far. */
 STASH_API uint64_t stash_sim_injected(const stash_sim_t* sim);
 

@@ -1,9 +1,9 @@
 /* conf.c: heap configuration - defaults, STASH_CONF parsing, validation and formatting.
  *
  * The grammar is PyTorch's PYTORCH_CUDA_ALLOC_CONF: the text is split into tokens at
- * ',' ':' '[' ']' (spaces dropped), entries are key:value separated by commas, and a list
- * value is [a:b,c:d]. Each key is declared once, in the table below, with its parser.
- * Unlike PyTorch, numbers must be whole tokens ("20abc" is an error, not 20).
+ * ',' ':' '[' ']' (whitespace is dropped, not a separator), entries are key:value separated
+ * by commas, and a list value is [a:b,c:d]. Each key is declared once, in the table below,
+ * with its parser. Unlike PyTorch, numbers must be whole tokens ("20abc" is an error, not 20).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -60,8 +60,9 @@ static stash_status_t lex(const char* text, lexer_t* lx) {
   char* start = NULL;
   for (size_t i = 0; i <= len; i++) {
     char ch = text[i];
+    if (isspace((unsigned char)ch)) continue; /* dropped, as PyTorch: "1 00" reads "100" */
     bool end = ch == '\0' || is_punct(ch);
-    if (end || isspace((unsigned char)ch)) {
+    if (end) {
       if (start) {
         *out++ = '\0';
         start = NULL;
@@ -225,8 +226,9 @@ static stash_status_t parse_roundup(const char* key, const lexer_t* lx, size_t* 
     memcpy(c->roundup_power2_divisions, div, sizeof div);
     return STASH_OK;
   }
-  /* [MB:div, ..., >:div] - as PyTorch: the first key also fills the buckets below it, '>'
-   * fills every bucket from the last key given. */
+  /* [MB:div, ..., >:div] - as PyTorch 2.11: the first key also fills the buckets below it,
+   * '>' fills every bucket after the last key given (from last_index + 1, so from bucket 1
+   * when no key came before it). */
   bool first = true;
   size_t last_index = 0;
   size_t k = *i + 1;
@@ -241,7 +243,7 @@ static stash_status_t parse_roundup(const char* key, const lexer_t* lx, size_t* 
     if (!parse_uint(dv, &d) || (d != 0 && !is_pow2(d)) || d > (1u << 30))
       return bad_value(key, dv, "divisions must be 0 or a power of 2");
     if (strcmp(interval, ">") == 0) {
-      for (size_t b = last_index; b < STASH_ROUNDUP_BUCKETS; b++) div[b] = (uint32_t)d;
+      for (size_t b = last_index + 1; b < STASH_ROUNDUP_BUCKETS; b++) div[b] = (uint32_t)d;
     } else {
       unsigned long long mb;
       if (!parse_uint(interval, &mb) || !is_pow2(mb))

@@ -1,10 +1,25 @@
 /* provider_sim.c: the simulated device.
  *
- * A provider that touches no memory: it hands out addresses from one deterministic
- * virtual address space (first fit, lowest address), accounts each device's capacity at
- * 2 MiB granularity, checks that every call is legal (the heap's bugs become errors
- * here), counts every call, simulates streams whose work completes only when a test or
- * the replayer says so, and fails calls on request (fault injection).
+ * A provider that touches no memory: it hands out deterministic addresses, accounts each
+ * device's capacity at 2 MiB granularity, checks that every call is legal (the heap's bugs
+ * become errors here), counts every call, simulates streams whose work completes only when
+ * a test or the replayer says so, and fails calls on request (fault injection).
+ *
+ * Where plain allocations land matters: PyTorch breaks ties between equally good free
+ * blocks by address, so a replay reproduces PyTorch's decisions only if its segments lie
+ * in the same order in memory as on the real device. mem_alloc therefore places them as
+ * the CUDA driver (580.159, H200) was measured to place cuMemAlloc allocations in a fresh
+ * process (tools/gpu/va_probe.c; it predicts all 2,054 segment addresses of PyTorch's own
+ * replays of the four shared traces under three settings, see docs/driver-placement.md):
+ *  - address space is taken in chunks of a multiple of 32 MiB, each new chunk directly
+ *    below the previous one (top down), the allocation at the chunk's start;
+ *  - an allocation (rounded to 2 MiB) goes to the lowest free range of an existing chunk
+ *    that fits, before a new chunk is taken;
+ *  - at start two ranges already exist, as after the driver's own start-up: 2 MiB at the
+ *    base and 24 MiB from base + 74 MiB; the first chunk ends 414 MiB below the base;
+ *  - a chunk whose allocations are all freed is released; its range is not used again
+ *    (the driver's reuse of released ranges was not pinned down).
+ * Virtual ranges (va_reserve) come from a separate region, first fit.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,8 +28,10 @@
 
 #include "internal.h"
 
-#define SIM_VA_BASE 0x100000000000ULL  /* 16 TiB: like a process's device addresses */
-#define SIM_VA_LIMIT 0x800000000000ULL /* 128 TiB: the user address space */
+#define SIM_VA_BASE 0x100000000000ULL  /* va_reserve ranges: from 16 TiB up */
+#define SIM_VA_LIMIT 0x400000000000ULL
+#define SIM_ALLOC_BASE 0x7f0000000000ULL /* mem_alloc: the driver-like layout below this */
+#define SIM_CHUNK (32ULL << 20)          /* the driver's chunk granularity */
 
 typedef struct range_s {
   uint64_t start;
@@ -25,6 +42,12 @@ typedef struct range_array_s {
   range_t* v;
   size_t n, cap;
 } range_array_t;
+
+/* A chunk of the driver-like mem_alloc layout: [start, start+size) with its free ranges. */
+typedef struct chunk_s {
+  uint64_t start, size;
+  range_array_t free;
+} chunk_t;
 
 typedef struct handle_s {
   size_t size;
@@ -59,7 +82,10 @@ struct stash_sim_s {
   int ndev;
   sim_device_t* dev;
   size_t gran;
-  range_array_t free_va;      /* free address ranges, sorted, coalesced */
+  range_array_t free_va;      /* free va_reserve ranges, sorted, coalesced */
+  chunk_t* chunks;            /* mem_alloc chunks, sorted by start */
+  size_t nchunks, cap_chunks;
+  uint64_t chunk_top;         /* the next chunk ends here */
   ptrmap_t handles;           /* id -> handle_t* */
   ptrmap_t pages;             /* page address -> (handle id << 1) | accessible */
   ptrmap_t events;            /* id -> sim_event_t* */
@@ -75,7 +101,6 @@ struct stash_sim_s {
   stash_status_t fail_p_status[STASH_CALL_COUNT + 1];
   uint64_t rng;
   uint64_t injected;
-  uint64_t hint;              /* address the next mem_alloc tries first (0: none) */
 };
 
 /* ---- Sorted range arrays ----------------------------------------------------------------- */
@@ -143,26 +168,6 @@ static stash_status_t va_take(stash_sim_t* s, uint64_t size, uint64_t* out) {
   return stash_provider_error(STASH_ERR_OOM, "sim: out of virtual address space");
 }
 
-/* Take exactly [start, start+size) if it is free. */
-static bool va_take_at(stash_sim_t* s, uint64_t start, uint64_t size) {
-  size_t i = ra_find(&s->free_va, start);
-  if (i == 0) return false;
-  range_t* r = &s->free_va.v[i - 1];
-  if (start < r->start || start + size > r->start + r->size || start + size < start) return false;
-  uint64_t tail_start = start + size, tail_size = r->start + r->size - tail_start;
-  uint64_t head_size = start - r->start;
-  if (head_size && tail_size) {
-    /* Split in two; if the array cannot grow, the range stays free and whole. */
-    if (!ra_insert_at(&s->free_va, i, (range_t){tail_start, tail_size})) return false;
-    s->free_va.v[i - 1].size = head_size;
-    return true;
-  }
-  if (head_size) r->size = head_size;
-  else if (tail_size) *r = (range_t){tail_start, tail_size};
-  else ra_remove_at(&s->free_va, i - 1);
-  return true;
-}
-
 static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
   range_array_t* a = &s->free_va;
   size_t i = ra_find(a, start);
@@ -179,6 +184,112 @@ static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
   } else if (!ra_insert_at(a, i, (range_t){start, size})) {
     /* Out of host memory: the range is lost to the simulation, never reused. */
   }
+}
+
+/* ---- The driver-like placement of plain allocations ------------------------------------------ */
+
+static bool chunk_insert(stash_sim_t* s, chunk_t c) {
+  if (s->nchunks == s->cap_chunks) {
+    size_t cap = s->cap_chunks ? s->cap_chunks * 2 : 64;
+    chunk_t* v = realloc(s->chunks, cap * sizeof *v);
+    if (!v) return false;
+    s->chunks = v;
+    s->cap_chunks = cap;
+  }
+  size_t i = 0;
+  while (i < s->nchunks && s->chunks[i].start < c.start) i++;
+  memmove(&s->chunks[i + 1], &s->chunks[i], (s->nchunks - i) * sizeof *s->chunks);
+  s->chunks[i] = c;
+  s->nchunks++;
+  return true;
+}
+
+/* Carve [at, at+size) out of a chunk's free range `r` (index ri). */
+static bool chunk_take(chunk_t* c, size_t ri, uint64_t size) {
+  range_t* r = &c->free.v[ri];
+  r->start += size;
+  r->size -= size;
+  if (r->size == 0) ra_remove_at(&c->free, ri);
+  return true;
+}
+
+/* Place `size` bytes (a multiple of 2 MiB) as the driver does. */
+static stash_status_t place_alloc(stash_sim_t* s, uint64_t size, uint64_t* out) {
+  chunk_t* best = NULL;
+  size_t best_ri = 0;
+  for (size_t k = 0; k < s->nchunks; k++) {
+    chunk_t* c = &s->chunks[k];
+    for (size_t ri = 0; ri < c->free.n; ri++) {
+      if (c->free.v[ri].size >= size &&
+          (!best || c->free.v[ri].start < best->free.v[best_ri].start)) {
+        best = c;
+        best_ri = ri;
+      }
+    }
+    if (best) break; /* chunks are sorted and their ranges lie inside them */
+  }
+  if (best) {
+    *out = best->free.v[best_ri].start;
+    chunk_take(best, best_ri, size);
+    return STASH_OK;
+  }
+  uint64_t csize = (size + SIM_CHUNK - 1) / SIM_CHUNK * SIM_CHUNK;
+  if (csize < size || s->chunk_top < SIM_VA_LIMIT + csize)
+    return stash_provider_error(STASH_ERR_OOM, "sim: out of address space");
+  chunk_t c = {.start = s->chunk_top - csize, .size = csize};
+  if (csize > size && !ra_insert_at(&c.free, 0, (range_t){c.start + size, csize - size}))
+    return stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory");
+  if (!chunk_insert(s, c)) {
+    free(c.free.v);
+    return stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory");
+  }
+  s->chunk_top = c.start;
+  *out = c.start;
+  return STASH_OK;
+}
+
+static void place_free(stash_sim_t* s, uint64_t ptr, uint64_t size) {
+  for (size_t k = 0; k < s->nchunks; k++) {
+    chunk_t* c = &s->chunks[k];
+    if (ptr < c->start || ptr >= c->start + c->size) continue;
+    range_array_t* a = &c->free;
+    size_t i = ra_find(a, ptr);
+    bool merge_prev = i > 0 && a->v[i - 1].start + a->v[i - 1].size == ptr;
+    bool merge_next = i < a->n && ptr + size == a->v[i].start;
+    if (merge_prev && merge_next) {
+      a->v[i - 1].size += size + a->v[i].size;
+      ra_remove_at(a, i);
+    } else if (merge_prev) {
+      a->v[i - 1].size += size;
+    } else if (merge_next) {
+      a->v[i].start = ptr;
+      a->v[i].size += size;
+    } else if (!ra_insert_at(a, i, (range_t){ptr, size})) {
+      return; /* out of host memory: the range stays taken */
+    }
+    if (a->n == 1 && a->v[0].start == c->start && a->v[0].size == c->size) {
+      free(a->v); /* all free: release the chunk */
+      memmove(c, c + 1, (s->nchunks - k - 1) * sizeof *c);
+      s->nchunks--;
+    }
+    return;
+  }
+}
+
+/* The ranges the driver has already set up when a process starts. */
+static bool place_init(stash_sim_t* s) {
+  const uint64_t base = SIM_ALLOC_BASE, M = 1ULL << 20;
+  chunk_t first = {.start = base, .size = 2 * M};
+  chunk_t second = {.start = base + 74 * M, .size = 24 * M};
+  if (!ra_insert_at(&first.free, 0, (range_t){first.start, first.size})) return false;
+  if (!ra_insert_at(&second.free, 0, (range_t){second.start, second.size}) ||
+      !chunk_insert(s, first) || !chunk_insert(s, second)) {
+    free(first.free.v);
+    free(second.free.v);
+    return false;
+  }
+  s->chunk_top = base - 0x19e00000ULL;
+  return true;
 }
 
 /* ---- Calls, counters and fault injection ------------------------------------------------ */
@@ -273,15 +384,12 @@ static stash_status_t sim_mem_alloc(void* ctx, int device, size_t size, uint64_t
   if (need < size || need > d->capacity - d->used)
     LEAVE(s, stash_provider_error(STASH_ERR_OOM, "sim: out of memory allocating %zu bytes",
                                   size));
-  uint64_t va;
-  stash_status_t st = STASH_OK;
-  if (s->hint && s->hint % s->gran == 0 && va_take_at(s, s->hint, need)) va = s->hint;
-  else st = va_take(s, need, &va);
+  uint64_t va = 0;
+  stash_status_t st = place_alloc(s, need, &va);
   if (st != STASH_OK) LEAVE(s, st);
-  s->hint = 0;
   size_t i = ra_find(&d->allocs, va);
   if (!ra_insert_at(&d->allocs, i, (range_t){va, size})) {
-    va_give(s, va, need);
+    place_free(s, va, need);
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
   d->used += need;
@@ -304,7 +412,7 @@ static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t s
                                   ptr, size, d->allocs.v[i].size));
   uint64_t need = round_up(size, s->gran);
   ra_remove_at(&d->allocs, i);
-  va_give(s, ptr, need);
+  place_free(s, ptr, need);
   d->used -= need;
   LEAVE(s, STASH_OK);
 }
@@ -315,7 +423,7 @@ static stash_status_t sim_va_reserve(void* ctx, int device, size_t size, uint64_
   if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
   if (size == 0 || size % s->gran)
     LEAVE(s, stash_provider_error(STASH_ERR_INVALID, "sim: va_reserve of %zu bytes", size));
-  uint64_t start;
+  uint64_t start = 0;
   stash_status_t st = va_take(s, size, &start);
   if (st != STASH_OK) LEAVE(s, st);
   sim_device_t* d = &s->dev[device];
@@ -552,7 +660,11 @@ stash_status_t stash_sim_create(int devices, size_t capacity, stash_sim_t** out)
   stash_sim_t* s = calloc(1, sizeof *s);
   if (!s) return _stash_error(STASH_ERR_HOST_OOM, "stash_sim_create: out of host memory");
   s->dev = calloc((size_t)devices, sizeof *s->dev);
-  if (!s->dev || !ra_insert_at(&s->free_va, 0, (range_t){SIM_VA_BASE, SIM_VA_LIMIT - SIM_VA_BASE})) {
+  if (!s->dev || !ra_insert_at(&s->free_va, 0, (range_t){SIM_VA_BASE, SIM_VA_LIMIT - SIM_VA_BASE}) ||
+      !place_init(s)) {
+    for (size_t k = 0; k < s->nchunks; k++) free(s->chunks[k].free.v);
+    free(s->chunks);
+    free(s->free_va.v);
     free(s->dev);
     free(s);
     return _stash_error(STASH_ERR_HOST_OOM, "stash_sim_create: out of host memory");
@@ -601,6 +713,8 @@ void stash_sim_destroy(stash_sim_t* s) {
   }
   free(s->dev);
   free(s->free_va.v);
+  for (size_t k = 0; k < s->nchunks; k++) free(s->chunks[k].free.v);
+  free(s->chunks);
   free(s->streams);
   _stash_ptrmap_free(&s->handles);
   _stash_ptrmap_free(&s->pages);
@@ -657,12 +771,6 @@ void stash_sim_fail_random(stash_sim_t* s, stash_provider_call_t call, double p,
   s->fail_p[call] = p > 0 ? p : 0;
   s->fail_p_status[call] = status;
   s->rng = seed;
-  pthread_mutex_unlock(&s->lock);
-}
-
-void stash_sim_hint_address(stash_sim_t* s, uint64_t address) {
-  pthread_mutex_lock(&s->lock);
-  s->hint = address;
   pthread_mutex_unlock(&s->lock);
 }
 

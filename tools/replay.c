@@ -71,7 +71,6 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, uint64_t c
     const trace_event_t* e = &t->events[i];
     void* stream = (void*)(uintptr_t)t->streams[e->stream];
     if (e->op == TRACE_ALLOC) {
-      stash_sim_hint_address(sim, e->ptr);
       stash_status_t r = stash_heap_alloc(heap, e->size, stream, &ptrs[e->id]);
       if (r == STASH_ERR_OOM) {
         if (!out->ooms) out->first_oom_line = e->line;

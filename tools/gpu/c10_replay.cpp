@@ -1,0 +1,113 @@
+// c10_replay: replay an RMM CSV log through PyTorch's own caching allocator (c10) on a real
+// GPU, one pass, in a fresh process, and write the log back out with the pointers PyTorch
+// returned - the addresses the driver gave this very run - plus PyTorch's figures as JSON.
+// Used on the device machine to check stash-replay's policy:pytorch against the real thing.
+//
+//   PYTORCH_CUDA_ALLOC_CONF=... c10_replay IN.csv OUT.csv   (prints one JSON line)
+//
+// Build (on the device): see tools/gpu/run_c10_replays.sh
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#define CK(x)                                                                   \
+  do {                                                                          \
+    cudaError_t e_ = (x);                                                       \
+    if (e_ != cudaSuccess) {                                                    \
+      fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+struct Op {
+  bool alloc;
+  size_t id, size;
+  int stream;
+  std::string line_head;  // "Thread,Time" of the row
+};
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s IN.csv OUT.csv\n", argv[0]);
+    return 2;
+  }
+  FILE* f = fopen(argv[1], "r");
+  if (!f) { perror(argv[1]); return 2; }
+  char line[1024];
+  if (!fgets(line, sizeof line, f)) return 2;
+  std::vector<Op> ops;
+  std::vector<size_t> sizes;
+  std::unordered_map<unsigned long long, size_t> live;
+  std::unordered_map<unsigned long long, int> stream_ix;
+  std::vector<unsigned long long> stream_val;
+  while (fgets(line, sizeof line, f)) {
+    char* fld[6];
+    int n = 0;
+    char* save = nullptr;
+    for (char* p = strtok_r(line, ",\n", &save); p && n < 6; p = strtok_r(nullptr, ",\n", &save)) fld[n++] = p;
+    if (n < 6) continue;
+    unsigned long long ptr = strtoull(fld[3], nullptr, 16), size = strtoull(fld[4], nullptr, 10);
+    unsigned long long sv = strtoull(fld[5], nullptr, 16);
+    auto it = stream_ix.find(sv);
+    int si;
+    if (it == stream_ix.end()) {
+      si = (int)stream_val.size();
+      stream_ix[sv] = si;
+      stream_val.push_back(sv);
+    } else {
+      si = it->second;
+    }
+    std::string head = std::string(fld[0]) + "," + fld[1];
+    if (!strcmp(fld[2], "allocate")) {
+      live[ptr] = sizes.size();
+      ops.push_back({true, sizes.size(), size, si, head});
+      sizes.push_back(size);
+    } else if (!strcmp(fld[2], "free")) {
+      auto l = live.find(ptr);
+      if (l == live.end()) continue;
+      ops.push_back({false, l->second, sizes[l->second], si, head});
+      live.erase(l);
+    }
+  }
+  fclose(f);
+  CK(cudaSetDevice(0));
+  CK(cudaFree(0));
+  std::vector<cudaStream_t> streams(stream_val.size(), nullptr);
+  for (size_t i = 0; i < streams.size(); i++)
+    if (stream_val[i] != 0) CK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+  c10::cuda::CUDACachingAllocator::init(1);
+  std::vector<void*> ptrs(sizes.size(), nullptr);
+  std::vector<int> alloc_stream(sizes.size(), 0);
+  FILE* out = fopen(argv[2], "w");
+  if (!out) { perror(argv[2]); return 2; }
+  fprintf(out, "Thread,Time,Action,Pointer,Size,Stream\n");
+  for (const Op& o : ops) {
+    if (o.alloc) {
+      void* p = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(o.size, streams[o.stream]);
+      ptrs[o.id] = p;
+      alloc_stream[o.id] = o.stream;
+      fprintf(out, "%s,allocate,%p,%zu,0x%llx\n", o.line_head.c_str(), p, o.size, stream_val[o.stream]);
+    } else {
+      fprintf(out, "%s,free,%p,%zu,0x%llx\n", o.line_head.c_str(), ptrs[o.id], o.size,
+              stream_val[alloc_stream[o.id]]);
+      c10::cuda::CUDACachingAllocator::raw_delete(ptrs[o.id]);
+      ptrs[o.id] = nullptr;
+    }
+  }
+  fclose(out);
+  CK(cudaDeviceSynchronize());
+  auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
+  const char* conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
+  printf("{\"trace\": \"%s\", \"conf\": \"%s\", \"peak_reserved_bytes\": %lld, "
+         "\"peak_allocated_bytes\": %lld, \"device_allocs\": %lld, \"device_frees\": %lld}\n",
+         argv[1], conf ? conf : "", (long long)st.reserved_bytes[0].peak,
+         (long long)st.allocated_bytes[0].peak, (long long)st.num_device_alloc,
+         (long long)st.num_device_free);
+  return 0;
+}
