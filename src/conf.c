@@ -15,7 +15,7 @@
 #include "internal.h"
 
 #define MB ((size_t)1 << 20)
-#define LARGE_BUFFER_MB 20 /* kLargeBuffer / 1 MiB */
+#define LARGE_BUFFER_MB 20 /* kLargeBuffer / 1 MiB: the default large segment */
 #define MAX_TOKENS 256
 
 void stash_conf_init(stash_conf_t* c) {
@@ -150,14 +150,15 @@ static stash_status_t parse_mb(const char* key, const char* v, size_t min_mb, si
   return STASH_OK;
 }
 
+/* Both must be >= large_segment_size_mb (20 by default), checked once all keys are read. */
 static stash_status_t parse_max_split(const char* key, const lexer_t* lx, size_t* i,
                                       stash_conf_t* c) {
-  return parse_mb(key, lx->tok[*i], LARGE_BUFFER_MB, &c->max_split_size);
+  return parse_mb(key, lx->tok[*i], 11, &c->max_split_size);
 }
 
 static stash_status_t parse_max_non_split(const char* key, const lexer_t* lx, size_t* i,
                                           stash_conf_t* c) {
-  return parse_mb(key, lx->tok[*i], LARGE_BUFFER_MB, &c->max_non_split_rounding);
+  return parse_mb(key, lx->tok[*i], 11, &c->max_non_split_rounding);
 }
 
 static stash_status_t parse_large_segment(const char* key, const lexer_t* lx, size_t* i,
@@ -232,7 +233,10 @@ static stash_status_t parse_roundup(const char* key, const lexer_t* lx, size_t* 
   bool first = true;
   size_t last_index = 0;
   size_t k = *i + 1;
-  if (tok_is(lx, k, "]")) return bad_value(key, "[]", "empty list");
+  if (tok_is(lx, k, "]")) { /* an empty list changes nothing, as in PyTorch */
+    *i = k;
+    return STASH_OK;
+  }
   for (;;) {
     if (k >= lx->n) return bad_value(key, "[", "missing ']'");
     const char* interval = lx->tok[k];
@@ -307,16 +311,20 @@ stash_status_t _stash_conf_validate(const stash_conf_t* c) {
     return _stash_error(STASH_ERR_CONF, "configuration struct of unknown size or version");
   if (c->policy < 0 || c->policy >= _STASH_POLICY_LAST)
     return _stash_error(STASH_ERR_CONF, "unknown policy %d", (int)c->policy);
-  if (c->max_split_size < LARGE_BUFFER_MB * MB)
-    return _stash_error(STASH_ERR_CONF, "max_split_size must be >= 20 MiB");
-  if (c->max_non_split_rounding < LARGE_BUFFER_MB * MB)
-    return _stash_error(STASH_ERR_CONF, "max_non_split_rounding must be >= 20 MiB");
   if (c->large_segment_size <= 10 * MB || c->large_segment_size % (2 * MB))
     return _stash_error(STASH_ERR_CONF,
-                        "large_segment_size must be a multiple of 2 MiB above 10 MiB");
+                        "large_segment_size_mb: %zu MiB: must be a multiple of 2 above 10",
+                        c->large_segment_size / MB);
   if (c->max_split_size < c->large_segment_size)
     return _stash_error(STASH_ERR_CONF,
-                        "max_split_size_mb must be >= large_segment_size_mb");
+                        "STASH_CONF: max_split_size_mb: invalid value '%zu': must be >= %zu "
+                        "(large_segment_size_mb)",
+                        c->max_split_size / MB, c->large_segment_size / MB);
+  if (c->max_non_split_rounding < c->large_segment_size)
+    return _stash_error(STASH_ERR_CONF,
+                        "STASH_CONF: max_non_split_rounding_mb: invalid value '%zu': must be >= "
+                        "%zu (large_segment_size_mb)",
+                        c->max_non_split_rounding / MB, c->large_segment_size / MB);
   if (!(c->garbage_collection_threshold >= 0.0 && c->garbage_collection_threshold < 1.0))
     return _stash_error(STASH_ERR_CONF, "garbage_collection_threshold must be in [0, 1)");
   if (!(c->per_process_memory_fraction >= 0.0 && c->per_process_memory_fraction <= 1.0))
@@ -336,6 +344,7 @@ stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text) {
   stash_status_t st = lex(text, &lx);
   if (st != STASH_OK) return st;
   stash_conf_t c = *conf;
+  bool saw_large = false, saw_non_split = false;
   for (size_t i = 0; i < lx.n; i++) {
     const char* key = lx.tok[i];
     if (is_punct(key[0]) && key[1] == '\0') {
@@ -358,6 +367,8 @@ stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text) {
       break;
     }
     i += 2;
+    saw_large |= opt->parse == parse_large_segment;
+    saw_non_split |= opt->parse == parse_max_non_split;
     st = opt->parse(key, &lx, &i, &c);
     if (st != STASH_OK) break;
     if (i + 1 < lx.n) {
@@ -374,6 +385,8 @@ stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text) {
     }
   }
   free(lx.storage);
+  /* As PyTorch 2.11: a large segment size is also the default non-split rounding. */
+  if (st == STASH_OK && saw_large && !saw_non_split) c.max_non_split_rounding = c.large_segment_size;
   if (st == STASH_OK) st = _stash_conf_validate(&c);
   if (st == STASH_OK) *conf = c;
   return st;

@@ -161,12 +161,22 @@ TEST(each_key_sets_its_field) {
   c.max_non_split_rounding = d.max_non_split_rounding;
   CHECK_CONF_EQUAL(&c, &d, "only max_non_split_rounding changed");
 
+  /* As PyTorch 2.11: the large segment size is also the default non-split rounding, and
+   * the minimum of max_split_size_mb and max_non_split_rounding_mb. */
   c = PARSED("large_segment_size_mb:12");
   CHECK_EQ(c.large_segment_size, 12 * MiB);
+  CHECK_EQ(c.max_non_split_rounding, 12 * MiB);
   c.large_segment_size = d.large_segment_size;
-  CHECK_CONF_EQUAL(&c, &d, "only large_segment_size changed");
+  c.max_non_split_rounding = d.max_non_split_rounding;
+  CHECK_CONF_EQUAL(&c, &d, "only large_segment_size and max_non_split_rounding changed");
   c = PARSED("large_segment_size_mb:64");
   CHECK_EQ(c.large_segment_size, 64 * MiB);
+  CHECK_EQ(c.max_non_split_rounding, 64 * MiB);
+  c = PARSED("large_segment_size_mb:12,max_split_size_mb:12,max_non_split_rounding_mb:16");
+  CHECK_EQ(c.max_split_size, 12 * MiB);
+  CHECK_EQ(c.max_non_split_rounding, 16 * MiB);
+  c = PARSED("max_non_split_rounding_mb:40,large_segment_size_mb:30");
+  CHECK_EQ(c.max_non_split_rounding, 40 * MiB); /* given: kept */
 
   c = PARSED("garbage_collection_threshold:0.6");
   CHECK(c.garbage_collection_threshold == 0.6);
@@ -292,6 +302,8 @@ TEST(roundup_lists) {
       {"[1024:2,4:8,>:1]", {2, 2, 8, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
       /* '>' with no key before it fills from bucket 1, as PyTorch */
       {"[>:4]", {0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}},
+      /* an empty list is accepted and changes nothing, as PyTorch */
+      {"[]", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     char text[128];

@@ -1,0 +1,174 @@
+/* test-sim: the simulated provider - legality checks, events, fault injection, and the
+ * driver-like placement of plain allocations against addresses measured on the H200. */
+#include "fixture.h"
+
+/* cuMemAlloc on an H200 (driver 580.159), fresh process: size and address relative to the
+ * first allocation (tools/gpu/va_probe.c < tools/gpu/probe_mixed.txt). */
+static const struct {
+  size_t size;
+  long long offset;
+} k_mixed[] = {
+    {2097152, 0x0LL},
+    {20971520, 0x4a00000LL},
+    {2097152, 0x5e00000LL},
+    {2097152, 0x6000000LL},
+    {104857600, -0x21e00000LL},
+    {2097152, -0x1ba00000LL},
+    {20971520, -0x1b800000LL},
+    {205520896, -0x2fe00000LL},
+    {52428800, -0x33e00000LL},
+    {2097152, -0x30c00000LL},
+    {77594624, -0x39e00000LL},
+    {39845888, -0x3de00000LL},
+    {205520896, -0x4be00000LL},
+    {310378496, -0x5fe00000LL},
+    {2097152, -0x4d600000LL},
+    {14680064, -0x4d400000LL},
+    {27262976, -0x3fa00000LL},
+    {102760448, -0x67e00000LL},
+    {134217728, -0x6fe00000LL},
+    {2097152, -0x61c00000LL},
+    {314572800, -0x83e00000LL},
+    {2097152, -0x71200000LL},
+    {2097152, -0x71000000LL}};
+
+/* 40 allocations of 2 MiB (probe_p2m.txt). */
+static const long long k_p2m[] = {0x0LL, 0x4a00000LL, 0x4c00000LL, 0x4e00000LL, 0x5000000LL, 0x5200000LL, 0x5400000LL, 0x5600000LL, 0x5800000LL, 0x5a00000LL, 0x5c00000LL, 0x5e00000LL, 0x6000000LL, -0x1be00000LL, -0x1bc00000LL, -0x1ba00000LL, -0x1b800000LL, -0x1b600000LL, -0x1b400000LL, -0x1b200000LL, -0x1b000000LL, -0x1ae00000LL, -0x1ac00000LL, -0x1aa00000LL, -0x1a800000LL, -0x1a600000LL, -0x1a400000LL, -0x1a200000LL, -0x1a000000LL, -0x1de00000LL, -0x1dc00000LL, -0x1da00000LL, -0x1d800000LL, -0x1d600000LL, -0x1d400000LL, -0x1d200000LL, -0x1d000000LL, -0x1ce00000LL, -0x1cc00000LL, -0x1ca00000LL};
+
+TEST(placement_matches_the_driver) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  uint64_t first = 0;
+  for (size_t i = 0; i < sizeof k_mixed / sizeof k_mixed[0]; i++) {
+    uint64_t a = 0;
+    CHECK_OK(p->mem_alloc(p->ctx, 0, k_mixed[i].size, &a));
+    if (i == 0) first = a;
+    CHECK_EQ((long long)(a - first), k_mixed[i].offset);
+  }
+  stash_sim_destroy(sim);
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  p = stash_sim_provider(sim);
+  for (size_t i = 0; i < sizeof k_p2m / sizeof k_p2m[0]; i++) {
+    uint64_t a = 0;
+    CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &a));
+    if (i == 0) first = a;
+    CHECK_EQ((long long)(a - first), k_p2m[i]);
+  }
+  stash_sim_destroy(sim);
+}
+
+TEST(freed_ranges_are_reused_lowest_first) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  uint64_t a, b, c, d;
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 100 * MiB, &a)); /* a 128 MiB chunk */
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 20 * MiB, &b));  /* lowest fit: a's chunk, not start-up */
+  CHECK_EQ(b, a + 100 * MiB);
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 4 * MiB, &c));
+  CHECK_EQ(c, a + 120 * MiB);
+  CHECK_OK(p->mem_free(p->ctx, 0, c, 4 * MiB));
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &d));
+  CHECK_EQ(d, c);
+  CHECK_OK(p->mem_free(p->ctx, 0, d, 2 * MiB));
+  CHECK_OK(p->mem_free(p->ctx, 0, a, 100 * MiB));
+  CHECK_OK(p->mem_free(p->ctx, 0, b, 20 * MiB));
+  stash_sim_usage_t u;
+  stash_sim_usage(sim, 0, &u);
+  CHECK_EQ(u.used_bytes, 0);
+  CHECK_EQ(u.allocations, 0);
+  stash_sim_destroy(sim);
+}
+
+TEST(illegal_calls_are_errors) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  uint64_t a, va, h, h2, ev;
+  CHECK_EQ(p->mem_alloc(x, 0, 0, &a), STASH_ERR_INVALID);
+  CHECK_EQ(p->mem_alloc(x, 1, 2 * MiB, &a), STASH_ERR_INVALID); /* no device 1 */
+  CHECK_EQ(p->mem_alloc(x, 0, 65 * MiB, &a), STASH_ERR_OOM);
+  CHECK_OK(p->mem_alloc(x, 0, 3 * MiB, &a));
+  CHECK_EQ(p->mem_free(x, 0, a, 2 * MiB), STASH_ERR_DRIVER); /* wrong size */
+  CHECK_EQ(p->mem_free(x, 0, a + 512, 3 * MiB), STASH_ERR_DRIVER);
+  size_t fr, tot;
+  CHECK_OK(p->mem_info(x, 0, &fr, &tot));
+  CHECK_EQ(tot, 64 * MiB);
+  CHECK_EQ(fr, 60 * MiB); /* 3 MiB takes two 2 MiB pages */
+  CHECK_OK(p->mem_free(x, 0, a, 3 * MiB));
+  CHECK_EQ(p->mem_free(x, 0, a, 3 * MiB), STASH_ERR_DRIVER); /* double free */
+  CHECK_OK(p->va_reserve(x, 0, 8 * MiB, &va));
+  CHECK_EQ(p->va_reserve(x, 0, 3 * MiB, &va + 0), STASH_ERR_INVALID);
+  CHECK_OK(p->phys_create(x, 0, 2 * MiB, &h));
+  CHECK_EQ(p->map(x, 0, va - 2 * MiB, 2 * MiB, h), STASH_ERR_DRIVER); /* outside */
+  CHECK_EQ(p->set_access(x, 0, va, 2 * MiB), STASH_ERR_DRIVER);       /* not mapped */
+  CHECK_OK(p->map(x, 0, va, 2 * MiB, h));
+  CHECK(!stash_sim_is_usable(sim, 0, va, 512));
+  CHECK_OK(p->set_access(x, 0, va, 2 * MiB));
+  CHECK(stash_sim_is_usable(sim, 0, va, 2 * MiB));
+  CHECK(!stash_sim_is_usable(sim, 0, va, 2 * MiB + 1));
+  CHECK_OK(p->phys_create(x, 0, 2 * MiB, &h2));
+  CHECK_EQ(p->map(x, 0, va, 2 * MiB, h2), STASH_ERR_DRIVER); /* already mapped */
+  CHECK_EQ(p->va_free(x, 0, va, 8 * MiB), STASH_ERR_DRIVER); /* pages still mapped */
+  CHECK_OK(p->unmap(x, 0, va, 2 * MiB));
+  CHECK_EQ(p->unmap(x, 0, va, 2 * MiB), STASH_ERR_DRIVER);
+  CHECK_OK(p->phys_release(x, 0, h));
+  CHECK_OK(p->phys_release(x, 0, h2));
+  CHECK_EQ(p->phys_release(x, 0, h2), STASH_ERR_DRIVER);
+  CHECK_OK(p->va_free(x, 0, va, 8 * MiB));
+  /* events complete when their stream's work does */
+  CHECK_OK(p->event_create(x, 0, &ev));
+  CHECK_OK(p->event_query(x, ev)); /* never recorded: complete */
+  CHECK_OK(p->event_record(x, ev, (void*)7));
+  CHECK_EQ(p->event_query(x, ev), STASH_ERR_NOT_READY);
+  stash_sim_complete(sim, (void*)7);
+  CHECK_OK(p->event_query(x, ev));
+  CHECK_OK(p->event_record(x, ev, (void*)7));
+  CHECK_OK(p->event_synchronize(x, ev)); /* waiting completes it */
+  CHECK_OK(p->event_query(x, ev));
+  CHECK_OK(p->event_destroy(x, ev));
+  CHECK_EQ(p->event_query(x, ev), STASH_ERR_DRIVER);
+  stash_sim_usage_t u;
+  stash_sim_usage(sim, 0, &u);
+  CHECK_EQ(u.used_bytes + u.allocations + u.reservations + u.handles + u.mapped_pages + u.events, 0);
+  stash_sim_destroy(sim);
+}
+
+TEST(fault_injection_counts) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  uint64_t a[4];
+  stash_sim_fail_nth(sim, STASH_CALL_mem_alloc, 3, STASH_ERR_OOM);
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &a[0]));
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &a[1]));
+  CHECK_EQ(p->mem_alloc(p->ctx, 0, 2 * MiB, &a[2]), STASH_ERR_OOM); /* the third, once */
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &a[2]));
+  CHECK_EQ(stash_sim_calls(sim, STASH_CALL_mem_alloc), 4);
+  CHECK_EQ(stash_sim_injected(sim), 1);
+  stash_sim_fail_nth(sim, STASH_CALL_ANY, 2, STASH_ERR_DRIVER);
+  size_t fr, tot;
+  CHECK_OK(p->mem_info(p->ctx, 0, &fr, &tot));
+  CHECK_EQ(p->mem_free(p->ctx, 0, a[0], 2 * MiB), STASH_ERR_DRIVER);
+  CHECK_EQ(fr, tot - 6 * MiB); /* the failed call changed nothing */
+  for (int i = 0; i < 3; i++) CHECK_OK(p->mem_free(p->ctx, 0, a[i], 2 * MiB));
+  /* random: about p of the calls fail, the same ones for the same seed */
+  int fails[2] = {0, 0};
+  for (int run = 0; run < 2; run++) {
+    stash_sim_fail_random(sim, STASH_CALL_mem_info, 0.25, 42, STASH_ERR_DRIVER);
+    for (int i = 0; i < 1000; i++) fails[run] += p->mem_info(p->ctx, 0, &fr, &tot) != STASH_OK;
+  }
+  CHECK_EQ(fails[0], fails[1]);
+  CHECK(fails[0] > 200 && fails[0] < 300);
+  stash_sim_destroy(sim);
+}
+
+int main(void) {
+  RUN(placement_matches_the_driver);
+  RUN(freed_ranges_are_reused_lowest_first);
+  RUN(illegal_calls_are_errors);
+  RUN(fault_injection_counts);
+  TEST_MAIN_END();
+}

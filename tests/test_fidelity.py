@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Fidelity: policy:pytorch replays each shared trace under PyTorch's four settings and must
+give exactly the peak reserved bytes, peak allocated bytes and device allocations that
+PyTorch 2.11's own allocator gave on the H200 (data/traces/anchors.json).
+
+  test_fidelity.py STASH_REPLAY DATA_DIR [TRACE_NAME...]
+"""
+import json
+import os
+import subprocess
+import sys
+
+
+def main():
+    replay, data = sys.argv[1], sys.argv[2]
+    only = set(sys.argv[3:])
+    anchors = json.load(open(os.path.join(data, "traces", "anchors.json")))
+    failures = 0
+    rows = 0
+    for name, t in sorted(anchors.items()):
+        if only and name not in only:
+            continue
+        settings = list(t["pytorch"].keys())
+        confs = ["policy:pytorch" + ("," + s if s else "") for s in settings]
+        cmd = [replay, "--json"]
+        for c in confs:
+            cmd += ["--conf", c]
+        cmd.append(os.path.join(data, "traces", t["file"]))
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            print("%s: stash-replay failed (%d): %s" % (name, p.returncode, p.stderr.strip()))
+            failures += len(settings)
+            continue
+        got = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+        if len(got) != len(settings):
+            print("%s: %d results for %d settings" % (name, len(got), len(settings)))
+            failures += 1
+            continue
+        for setting, conf, g in zip(settings, confs, got):
+            rows += 1
+            want = t["pytorch"][setting]
+            assert g["conf"] == conf
+            if g["events"] != t["events"] or g["peak_live_bytes"] != t["peak_live_bytes"]:
+                print("%s: trace read wrong: %d events, peak live %d" % (name, g["events"], g["peak_live_bytes"]))
+                failures += 1
+            diffs = [(k, g[k], want[k]) for k in ("peak_reserved_bytes", "peak_allocated_bytes", "device_allocs")
+                     if g[k] != want[k]]
+            status = "exact" if not diffs else "DIFFERS " + ", ".join("%s %d (PyTorch %d)" % d for d in diffs)
+            print("%-22s %-28s %s" % (name, setting or "(default)", status))
+            failures += bool(diffs)
+    print("%d rows, %d differ" % (rows, failures))
+    return 1 if failures or rows == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
