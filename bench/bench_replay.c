@@ -1,0 +1,138 @@
+/* bench_replay: host time per allocator call on the shared traces and on same-size
+ * alloc/free pairs, median of several repetitions, on the simulated device (no driver
+ * time: what is measured is stash's own bookkeeping).
+ *
+ *   bench_replay [--reps N] [--conf STR]... TRACE...
+ *
+ * For each trace and configuration: "cold" is a first pass on a fresh heap (it includes
+ * creating the segments), "warm" a second pass over the same heap after the first pass's
+ * blocks were freed (the cache already holds what the trace needs) - as the anchors'
+ * figures for PyTorch in data/traces/README.md were taken. Then pairs: the same size
+ * allocated and freed 10^6 times, for 4 KiB ... 64 MiB.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "stash.h"
+#include "stash_provider.h"
+#include "trace.h"
+
+static double now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double* v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One pass over the trace; returns ns per event, or -1 on error. */
+static double pass(stash_heap_t* h, const trace_t* t, void** ptrs) {
+  double t0 = now_ns();
+  for (size_t i = 0; i < t->nevents; i++) {
+    const trace_event_t* e = &t->events[i];
+    void* stream = (void*)(uintptr_t)t->streams[e->stream];
+    if (e->op == TRACE_ALLOC) {
+      if (stash_heap_alloc(h, e->size, stream, &ptrs[e->id]) != STASH_OK) return -1;
+    } else if (ptrs[e->id]) {
+      stash_heap_free(h, ptrs[e->id]);
+      ptrs[e->id] = NULL;
+    }
+  }
+  double ns = (now_ns() - t0) / (double)t->nevents;
+  for (uint64_t i = 0; i < t->nallocs; i++) {
+    if (ptrs[i]) stash_heap_free(h, ptrs[i]);
+    ptrs[i] = NULL;
+  }
+  return ns;
+}
+
+int main(int argc, char** argv) {
+  int reps = 7;
+  const char* confs[16];
+  int nconfs = 0;
+  int first_trace = argc;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--conf") && i + 1 < argc && nconfs < 16) confs[nconfs++] = argv[++i];
+    else {
+      first_trace = i;
+      break;
+    }
+  }
+  if (nconfs == 0) {
+    confs[nconfs++] = "policy:pytorch";
+    confs[nconfs++] = "policy:pytorch,expandable_segments:True";
+  }
+  if (reps < 1 || reps > 101) reps = 7;
+  printf("%-26s %-44s %12s %12s\n", "trace", "configuration", "cold ns/ev", "warm ns/ev");
+  for (int ti = first_trace; ti < argc; ti++) {
+    trace_t t;
+    char err[512];
+    if (!trace_read(argv[ti], &t, err, sizeof err, NULL, NULL)) {
+      fprintf(stderr, "%s\n", err);
+      return 1;
+    }
+    void** ptrs = calloc(t.nallocs + 1, sizeof *ptrs);
+    for (int c = 0; c < nconfs; c++) {
+      stash_conf_t conf;
+      stash_conf_init(&conf);
+      if (stash_conf_parse(&conf, confs[c]) != STASH_OK) {
+        fprintf(stderr, "%s\n", stash_last_error());
+        return 2;
+      }
+      double cold[101], warm[101];
+      for (int r = 0; r < reps; r++) {
+        stash_sim_t* sim;
+        stash_heap_t* h;
+        stash_sim_create(1, 0, &sim);
+        stash_heap_create(&conf, stash_sim_provider(sim), 0, &h);
+        cold[r] = pass(h, &t, ptrs);
+        warm[r] = pass(h, &t, ptrs);
+        stash_heap_destroy(h);
+        stash_sim_destroy(sim);
+      }
+      printf("%-26s %-44s %12.0f %12.0f\n", t.name, confs[c], median(cold, reps),
+             median(warm, reps));
+    }
+    free(ptrs);
+    trace_free(&t);
+  }
+  printf("\n%-44s %10s %16s\n", "same size alloc+free, 10^6 pairs", "size", "ns/pair (median)");
+  static const size_t sizes[] = {4096, 65536, 1 << 20, 4 << 20, 64 << 20};
+  for (int c = 0; c < nconfs; c++) {
+    stash_conf_t conf;
+    stash_conf_init(&conf);
+    stash_conf_parse(&conf, confs[c]);
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      stash_sim_t* sim;
+      stash_heap_t* h;
+      stash_sim_create(1, 0, &sim);
+      stash_heap_create(&conf, stash_sim_provider(sim), 0, &h);
+      double v[101];
+      for (int r = 0; r < reps; r++) {
+        const int n = 1000000;
+        double t0 = now_ns();
+        for (int i = 0; i < n; i++) {
+          void* p;
+          stash_heap_alloc(h, sizes[k], NULL, &p);
+          stash_heap_free(h, p);
+        }
+        v[r] = (now_ns() - t0) / n;
+      }
+      printf("%-44s %10zu %16.1f\n", confs[c], sizes[k], median(v, reps));
+      stash_heap_destroy(h);
+      stash_sim_destroy(sim);
+    }
+  }
+  return 0;
+}

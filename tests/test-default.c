@@ -1,0 +1,106 @@
+/* test-default: the process-wide default heaps, configured from the environment, and
+ * stash_malloc / stash_free. The environment is read when a heap is first made, so the
+ * steps run in order. */
+#include <pthread.h>
+
+#include "fixture.h"
+
+static void* churn(void* arg) {
+  (void)arg;
+  for (int i = 0; i < 2000; i++) {
+    void* p = stash_malloc((size_t)(i % 97 + 1) * 4096, NULL);
+    if (!p) return (void*)1;
+    stash_free(p);
+  }
+  return NULL;
+}
+
+int main(void) {
+  stash_heap_t* h = NULL;
+  th_current = "bad_provider";
+  setenv("STASH_PROVIDER", "bogus", 1);
+  CHECK_EQ(stash_default_heap(0, &h), STASH_ERR_CONF);
+  CHECK_STR_CONTAINS(stash_last_error(), "'bogus'");
+  CHECK(stash_malloc(100, NULL) == NULL);
+  setenv("STASH_PROVIDER", "cuda", 1);
+  CHECK_EQ(stash_default_heap(0, &h), STASH_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(stash_last_error(), "no CUDA provider");
+
+  th_current = "bad_sim_settings";
+  setenv("STASH_PROVIDER", "sim", 1);
+  setenv("STASH_SIM_CAPACITY", "lots", 1);
+  CHECK_EQ(stash_default_heap(0, &h), STASH_ERR_CONF);
+  CHECK_STR_CONTAINS(stash_last_error(), "STASH_SIM_CAPACITY");
+  setenv("STASH_SIM_CAPACITY", "1GiB", 1);
+  setenv("STASH_SIM_DEVICES", "0", 1);
+  CHECK_EQ(stash_default_heap(0, &h), STASH_ERR_CONF);
+  CHECK_STR_CONTAINS(stash_last_error(), "STASH_SIM_DEVICES");
+  setenv("STASH_SIM_DEVICES", "2", 1);
+
+  th_current = "bad_conf";
+  setenv("STASH_CONF", "policy:pytorch,bogus_key:1", 1);
+  CHECK_EQ(stash_default_heap(0, &h), STASH_ERR_CONF);
+  CHECK_STR_CONTAINS(stash_last_error(), "bogus_key");
+  CHECK(h == NULL);
+
+  th_current = "good";
+  setenv("STASH_CONF", "policy:pytorch,expandable_segments:True", 1);
+  CHECK_OK(stash_default_heap(0, &h));
+  if (!h) return 1;
+  stash_conf_t conf;
+  stash_heap_conf(h, &conf);
+  CHECK(conf.expandable_segments);
+  size_t fr, tot;
+  CHECK_OK(stash_heap_mem_get_info(h, &fr, &tot));
+  CHECK_EQ(tot, 1 * GiB); /* STASH_SIM_CAPACITY */
+  stash_heap_t* h2 = NULL;
+  CHECK_OK(stash_default_heap(0, &h2));
+  CHECK(h2 == h); /* one heap per device */
+  CHECK_EQ(stash_default_heap(2, &h2), STASH_ERR_INVALID); /* 2 devices */
+
+  void* a = stash_malloc(1000, NULL);
+  CHECK(a != NULL);
+  CHECK_EQ(stash_get_device(), 0);
+  CHECK_OK(stash_set_device(1));
+  void* b = stash_malloc(3 * MiB, (void*)5);
+  CHECK(b != NULL);
+  stash_heap_t* h1 = NULL;
+  CHECK_OK(stash_default_heap(1, &h1));
+  CHECK(h1 != h);
+  stash_stats_t s;
+  s.size = sizeof s;
+  CHECK_OK(stash_heap_stats(h1, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 1);
+  CHECK_OK(stash_set_device(0));
+  stash_free(b); /* found on device 1's heap */
+  CHECK_OK(stash_heap_stats(h1, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 0);
+  stash_free(a);
+  stash_free(NULL);
+  stash_free((void*)0x1234000);
+  CHECK_STR_CONTAINS(stash_last_error(), "not a live allocation of any default heap");
+  CHECK(stash_malloc(0, NULL) == NULL);
+  CHECK(stash_malloc(2 * GiB, NULL) == NULL); /* more than the 1 GiB device */
+  CHECK_STR_CONTAINS(stash_last_error(), "out of memory");
+  CHECK_EQ(stash_set_device(-1), STASH_ERR_INVALID);
+
+  th_current = "threads";
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, churn, NULL);
+  for (int i = 0; i < 4; i++) {
+    void* r;
+    pthread_join(th[i], &r);
+    CHECK(r == NULL);
+  }
+  CHECK_OK(stash_heap_stats(h, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 0);
+  CHECK_OK(stash_heap_check(h));
+  stash_default_shutdown();
+  /* After shutdown the heaps are made again from the environment. */
+  setenv("STASH_CONF", "policy:pytorch", 1);
+  CHECK_OK(stash_default_heap(0, &h));
+  stash_heap_conf(h, &conf);
+  CHECK(!conf.expandable_segments);
+  stash_default_shutdown();
+  TEST_MAIN_END();
+}
