@@ -317,6 +317,17 @@ TEST(oversize_blocks_and_release_available) {
   fx_free(&f, d);
   fx_close(&f);
 
+  /* Exactly max_split_size is already oversize. */
+  if (!fx_open(&f, "policy:pytorch,max_split_size_mb:20", 0)) return;
+  a = fx_alloc(&f, 20 * MiB, NULL);
+  CHECK_EQ(fx_stats(&f).oversize_allocations.current, 1);
+  fx_free(&f, a);
+  b = fx_alloc(&f, 5 * MiB, NULL);
+  CHECK(U(b) != U(a));
+  CHECK_EQ(fx_stats(&f).num_device_alloc, 2);
+  fx_free(&f, b);
+  fx_close(&f);
+
   if (!fx_open(&f, "policy:pytorch,max_split_size_mb:20,max_non_split_rounding_mb:40", 0)) return;
   a = fx_alloc(&f, 40 * MiB, NULL);
   fx_free(&f, a);
