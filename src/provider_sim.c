@@ -168,8 +168,9 @@ static stash_status_t va_take(stash_sim_t* s, uint64_t size, uint64_t* out) {
   return stash_provider_error(STASH_ERR_OOM, "sim: out of virtual address space");
 }
 
-static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
-  range_array_t* a = &s->free_va;
+/* Return [start, start+size) to a sorted, coalesced free list. false if the list could not
+ * grow (out of host memory): the range is then lost to the simulation, never reused. */
+static bool ra_give(range_array_t* a, uint64_t start, uint64_t size) {
   size_t i = ra_find(a, start);
   bool merge_prev = i > 0 && a->v[i - 1].start + a->v[i - 1].size == start;
   bool merge_next = i < a->n && start + size == a->v[i].start;
@@ -181,9 +182,14 @@ static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
   } else if (merge_next) {
     a->v[i].start = start;
     a->v[i].size += size;
-  } else if (!ra_insert_at(a, i, (range_t){start, size})) {
-    /* Out of host memory: the range is lost to the simulation, never reused. */
+  } else {
+    return ra_insert_at(a, i, (range_t){start, size});
   }
+  return true;
+}
+
+static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
+  (void)ra_give(&s->free_va, start, size);
 }
 
 /* ---- The driver-like placement of plain allocations ------------------------------------------ */
@@ -253,20 +259,7 @@ static void place_free(stash_sim_t* s, uint64_t ptr, uint64_t size) {
     chunk_t* c = &s->chunks[k];
     if (ptr < c->start || ptr >= c->start + c->size) continue;
     range_array_t* a = &c->free;
-    size_t i = ra_find(a, ptr);
-    bool merge_prev = i > 0 && a->v[i - 1].start + a->v[i - 1].size == ptr;
-    bool merge_next = i < a->n && ptr + size == a->v[i].start;
-    if (merge_prev && merge_next) {
-      a->v[i - 1].size += size + a->v[i].size;
-      ra_remove_at(a, i);
-    } else if (merge_prev) {
-      a->v[i - 1].size += size;
-    } else if (merge_next) {
-      a->v[i].start = ptr;
-      a->v[i].size += size;
-    } else if (!ra_insert_at(a, i, (range_t){ptr, size})) {
-      return; /* out of host memory: the range stays taken */
-    }
+    if (!ra_give(a, ptr, size)) return;
     if (a->n == 1 && a->v[0].start == c->start && a->v[0].size == c->size) {
       free(a->v); /* all free: release the chunk */
       memmove(c, c + 1, (s->nchunks - k - 1) * sizeof *c);
