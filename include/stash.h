@@ -241,7 +241,8 @@ STASH_API stash_status_t stash_heap_check(stash_heap_t* heap);
 
 /* Each device has one default heap, created on first use from the environment:
  *   STASH_CONF      configuration string (stash_conf_parse grammar)
- *   STASH_PROVIDER  "sim" (the simulated device); "cuda" once that provider exists
+ *   STASH_PROVIDER  "cuda" (GPUs) or "sim" (the simulated device); unset: cuda where the
+ *                   driver sees a GPU, sim elsewhere
  *   STASH_SIM_DEVICES, STASH_SIM_CAPACITY  the simulated devices' number and size
  * A bad value is reported (stash_last_error) and no heap is created. Thread-safe. */
 STASH_API stash_status_t stash_default_heap(int device, stash_heap_t** out);

@@ -87,13 +87,14 @@ struct stash_provider_s {
   stash_status_t (*set_access)(void* ctx, int device, uint64_t va, size_t size);
 
   /* Events and streams (required). event_query returns STASH_OK once the work recorded
-   * before the event has completed, STASH_ERR_NOT_READY before. */
+   * before the event has completed, STASH_ERR_NOT_READY before. A NULL stream is the
+   * device's default stream. */
   stash_status_t (*event_create)(void* ctx, int device, uint64_t* event);
-  stash_status_t (*event_record)(void* ctx, uint64_t event, void* stream);
+  stash_status_t (*event_record)(void* ctx, int device, uint64_t event, void* stream);
   stash_status_t (*event_query)(void* ctx, uint64_t event);
   stash_status_t (*event_synchronize)(void* ctx, uint64_t event);
   stash_status_t (*event_destroy)(void* ctx, uint64_t event);
-  stash_status_t (*stream_synchronize)(void* ctx, void* stream);
+  stash_status_t (*stream_synchronize)(void* ctx, int device, void* stream);
 };
 
 /* For provider implementations: set the calling thread's error message (printf format)
@@ -104,6 +105,15 @@ STASH_API stash_status_t stash_provider_error(stash_status_t status, const char*
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+
+/* ---- The CUDA provider ------------------------------------------------------------------ */
+
+/* The CUDA provider (process-wide, created on first call): the driver is loaded at run time
+ * (libcuda.so.1), so this works in any program and answers STASH_ERR_UNSUPPORTED, with the
+ * reason in stash_last_error(), where there is no driver or no GPU, or when stash was built
+ * without the CUDA toolkit. Devices are the driver's ordinals; streams are CUstream /
+ * cudaStream_t values. Thread-safe. */
+STASH_API stash_status_t stash_cuda_provider(const stash_provider_t** out);
 
 /* ---- The simulated provider ------------------------------------------------------------ */
 

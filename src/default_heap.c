@@ -39,15 +39,26 @@ static bool parse_env_size(const char* s, size_t* out) {
   return true;
 }
 
-/* Create the shared provider on first use. Lock held. */
+/* Create the shared provider on first use: STASH_PROVIDER=cuda or sim; unset, the CUDA
+ * provider where a GPU is present and the simulated device elsewhere. Lock held. */
 static stash_status_t ensure_provider(void) {
   if (g_provider) return STASH_OK;
   const char* name = getenv("STASH_PROVIDER");
-  if (name && *name && strcmp(name, "sim") != 0) {
-    if (strcmp(name, "cuda") == 0)
-      return _stash_error(STASH_ERR_UNSUPPORTED,
-                          "STASH_PROVIDER=cuda: this build has no CUDA provider yet");
-    return _stash_error(STASH_ERR_CONF, "STASH_PROVIDER: unknown provider '%s' (sim)", name);
+  bool want_cuda = name && strcmp(name, "cuda") == 0;
+  if (name && *name && !want_cuda && strcmp(name, "sim") != 0)
+    return _stash_error(STASH_ERR_CONF, "STASH_PROVIDER: unknown provider '%s' (cuda, sim)",
+                        name);
+  if (want_cuda || !name || !*name) {
+    const stash_provider_t* cuda = NULL;
+    stash_status_t st = stash_cuda_provider(&cuda);
+    if (st == STASH_OK) {
+      int n = 0;
+      cuda->device_count(cuda->ctx, &n);
+      g_provider = cuda;
+      g_device_count = n < MAX_DEVICES ? n : MAX_DEVICES;
+      return STASH_OK;
+    }
+    if (want_cuda) return st; /* the reason is in stash_last_error() */
   }
   int devices = 1;
   const char* d = getenv("STASH_SIM_DEVICES");

@@ -129,6 +129,13 @@ STASH_HIDDEN stash_status_t _stash_provider_copy(stash_provider_t* dst,
 /* Whether the table has the virtual-memory group. */
 STASH_HIDDEN bool _stash_provider_has_vmm(const stash_provider_t* p);
 
+/* ---- provider_cuda.c (tests and tools only) ------------------------------------------------ */
+
+/* A driver entry point the CUDA provider resolved ("cuMemsetD32Async", ...), or NULL. */
+STASH_HIDDEN void* _stash_cuda_symbol(const char* name);
+/* Make the device's primary context current on this thread; 0 on success. */
+STASH_HIDDEN int _stash_cuda_context_current(int device);
+
 /* ---- heap.c: the heap object shared by the policies -------------------------------------- */
 
 typedef struct stash_policy_ops_s stash_policy_ops_t;

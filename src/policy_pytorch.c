@@ -444,7 +444,7 @@ static stash_status_t insert_events(stash_heap_t* h, pt_block* b) {
       }
       s->nevents++;
     }
-    st = PCALL(h, event_record, ev[made], b->uses[made]);
+    st = PCALL(h, event_record, h->device, ev[made], b->uses[made]);
     if (st != STASH_OK) {
       st = prov_fail(h, st, "record an event");
       made++; /* this event exists: give it back below */
@@ -672,7 +672,7 @@ static stash_status_t unmap_block(stash_heap_t* h, pt_block* b) {
     return _stash_error(STASH_ERR_HOST_OOM, "empty_cache: out of host memory");
   }
   /* Unmapping does not wait for the GPU: let the segment's stream finish first. */
-  stash_status_t st = PCALL(h, stream_synchronize, g->stream);
+  stash_status_t st = PCALL(h, stream_synchronize, h->device, g->stream);
   if (st != STASH_OK) {
     block_delete(s, before);
     block_delete(s, after);

@@ -589,8 +589,9 @@ static stash_status_t sim_event_create(void* ctx, int device, uint64_t* event) {
   LEAVE(s, STASH_OK);
 }
 
-static stash_status_t sim_event_record(void* ctx, uint64_t event, void* stream) {
+static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, void* stream) {
   stash_sim_t* s = ctx;
+  (void)device;
   ENTER(s, event_record);
   sim_event_t* e = _stash_ptrmap_get(&s->events, event);
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
@@ -633,8 +634,9 @@ static stash_status_t sim_event_destroy(void* ctx, uint64_t event) {
   LEAVE(s, STASH_OK);
 }
 
-static stash_status_t sim_stream_synchronize(void* ctx, void* stream) {
+static stash_status_t sim_stream_synchronize(void* ctx, int device, void* stream) {
   stash_sim_t* s = ctx;
+  (void)device;
   ENTER(s, stream_synchronize);
   int si = stream_index(s, stream);
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));

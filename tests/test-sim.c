@@ -121,11 +121,11 @@ TEST(illegal_calls_are_errors) {
   /* events complete when their stream's work does */
   CHECK_OK(p->event_create(x, 0, &ev));
   CHECK_OK(p->event_query(x, ev)); /* never recorded: complete */
-  CHECK_OK(p->event_record(x, ev, (void*)7));
+  CHECK_OK(p->event_record(x, 0, ev, (void*)7));
   CHECK_EQ(p->event_query(x, ev), STASH_ERR_NOT_READY);
   stash_sim_complete(sim, (void*)7);
   CHECK_OK(p->event_query(x, ev));
-  CHECK_OK(p->event_record(x, ev, (void*)7));
+  CHECK_OK(p->event_record(x, 0, ev, (void*)7));
   CHECK_OK(p->event_synchronize(x, ev)); /* waiting completes it */
   CHECK_OK(p->event_query(x, ev));
   CHECK_OK(p->event_destroy(x, ev));

@@ -51,15 +51,25 @@ static int check_segment(const stash_segment_info_t* seg, const stash_block_info
   return 0;
 }
 
-stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, uint64_t capacity,
-                          uint64_t check_every, replay_result_t* out) {
+stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
+                          replay_result_t* out) {
   memset(out, 0, sizeof *out);
   stash_sim_t* sim = NULL;
   stash_heap_t* heap = NULL;
   void** ptrs = NULL;
-  stash_status_t st = stash_sim_create(1, capacity, &sim);
+  const stash_provider_t* provider = NULL;
+  int device = 0;
+  uint64_t check_every = opts->check_every;
+  stash_status_t st;
+  if (opts->cuda) {
+    st = stash_cuda_provider(&provider);
+    device = opts->device;
+  } else {
+    st = stash_sim_create(1, opts->capacity, &sim);
+    if (st == STASH_OK) provider = stash_sim_provider(sim);
+  }
   if (st != STASH_OK) return st;
-  st = stash_heap_create(conf, stash_sim_provider(sim), 0, &heap);
+  st = stash_heap_create(conf, provider, device, &heap);
   if (st != STASH_OK) goto done;
   ptrs = calloc(t->nallocs ? t->nallocs : 1, sizeof *ptrs);
   if (!ptrs) {
@@ -87,6 +97,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, uint64_t c
     if (check_every && (i + 1) % check_every == 0) {
       st = stash_heap_check(heap);
       if (st != STASH_OK) goto done;
+      if (!sim) continue;
       check_ctx_t c = {.sim = sim, .device = 0};
       stash_heap_visit(heap, check_segment, &c);
       if (c.bad) {

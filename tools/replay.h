@@ -22,11 +22,19 @@ typedef struct replay_result_s {
   stash_stats_t stats;           /* the heap's statistics at the end */
 } replay_result_t;
 
-/* Replay t under conf on a fresh simulated device of `capacity` bytes (0: an H200).
- * Returns STASH_OK or the first error that is not out of memory (with stash_last_error()).
- * If check_every is non-zero, stash_heap_check runs after every check_every events and
- * every live allocation is checked for being usable memory that overlaps no other. */
-stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, uint64_t capacity,
-                          uint64_t check_every, replay_result_t* out);
+typedef struct replay_opts_s {
+  bool cuda;            /* replay on a real GPU through the CUDA provider (else: simulated) */
+  int device;           /* the GPU, with cuda */
+  uint64_t capacity;    /* the simulated device's bytes (0: an H200) */
+  uint64_t check_every; /* if non-zero: check the heap every so many events */
+} replay_opts_t;
+
+/* Replay t under conf on a fresh simulated device (or a real GPU). Returns STASH_OK or the
+ * first error that is not out of memory (with stash_last_error()). If check_every is
+ * non-zero, stash_heap_check runs after every check_every events and, on the simulated
+ * device, every live allocation is checked for being usable memory that overlaps no
+ * other. */
+stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
+                          replay_result_t* out);
 
 #endif

@@ -1,7 +1,8 @@
 /* stash-replay: replay allocation traces through stash on a simulated device and report
  * what each configuration reserves.
  *
- *   stash-replay [--conf STR]... [--capacity SIZE] [--json] [--check N] [TRACE...]
+ *   stash-replay [--conf STR]... [--capacity SIZE] [--json] [--check N]
+ *                [--provider sim|cuda] [--device N] [TRACE...]
  *
  * With no trace, it replays the ResNet-50 trace shipped with stash under PyTorch's default
  * and expandable-segments settings.
@@ -12,6 +13,7 @@
 
 #include "replay.h"
 #include "stash.h"
+#include "stash_provider.h"
 #include "trace.h"
 
 #ifndef STASH_DATA_DIR
@@ -35,6 +37,8 @@ static void usage(FILE* f) {
           "                   K/M/G/T suffixes, optional iB: 80GiB\n"
           "  --json           one JSON object per line per (trace, configuration)\n"
           "  --check N        check every heap invariant every N events (slow)\n"
+          "  --provider P     sim (default): the simulated device; cuda: a real GPU\n"
+          "  --device N       the GPU to replay on, with --provider cuda (default 0)\n"
           "  -h, --help       this text\n"
           "\n"
           "With no trace: %s/traces/resnet50_train.csv.gz under policy:pytorch and\n"
@@ -58,11 +62,14 @@ static void json_string(const char* s) {
   putchar('"');
 }
 
-static void print_json(const trace_t* t, const char* conf, const replay_result_t* r) {
+static void print_json(const trace_t* t, const char* conf, const char* provider,
+                       const replay_result_t* r) {
   printf("{\"trace\": ");
   json_string(t->name);
   printf(", \"conf\": ");
   json_string(conf);
+  printf(", \"provider\": ");
+  json_string(provider);
   printf(", \"events\": %llu, \"streams\": %zu, \"peak_live_bytes\": %llu, "
          "\"peak_reserved_bytes\": %llu, \"peak_allocated_bytes\": %llu, "
          "\"peak_active_bytes\": %llu, \"utilization\": %.6f, \"device_allocs\": %llu, "
@@ -102,7 +109,7 @@ int main(int argc, char** argv) {
   int nconfs = 0;
   const char* traces[256];
   int ntraces = 0;
-  uint64_t capacity = 0, check_every = 0;
+  replay_opts_t opts = {0};
   bool json = false;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -111,7 +118,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (!strcmp(a, "--json")) {
       json = true;
-    } else if (!strcmp(a, "--conf") || !strcmp(a, "--capacity") || !strcmp(a, "--check")) {
+    } else if (!strcmp(a, "--conf") || !strcmp(a, "--capacity") || !strcmp(a, "--check") ||
+               !strcmp(a, "--provider") || !strcmp(a, "--device")) {
       if (i + 1 >= argc) {
         fprintf(stderr, "stash-replay: %s needs a value\n", a);
         return 2;
@@ -124,11 +132,24 @@ int main(int argc, char** argv) {
         }
         confs[nconfs++] = v;
       } else if (!strcmp(a, "--capacity")) {
-        if (!trace_parse_size(v, &capacity) || capacity == 0) {
+        if (!trace_parse_size(v, &opts.capacity) || opts.capacity == 0) {
           fprintf(stderr, "stash-replay: --capacity: '%s' is not a size (e.g. 80GiB)\n", v);
           return 2;
         }
-      } else if (!trace_parse_size(v, &check_every)) {
+      } else if (!strcmp(a, "--provider")) {
+        if (strcmp(v, "cuda") && strcmp(v, "sim")) {
+          fprintf(stderr, "stash-replay: --provider: '%s' is not a provider (sim, cuda)\n", v);
+          return 2;
+        }
+        opts.cuda = !strcmp(v, "cuda");
+      } else if (!strcmp(a, "--device")) {
+        uint64_t d;
+        if (!trace_parse_size(v, &d) || d > 1023) {
+          fprintf(stderr, "stash-replay: --device: '%s' is not a device number\n", v);
+          return 2;
+        }
+        opts.device = (int)d;
+      } else if (!trace_parse_size(v, &opts.check_every)) {
         fprintf(stderr, "stash-replay: --check: '%s' is not a number\n", v);
         return 2;
       }
@@ -147,6 +168,17 @@ int main(int argc, char** argv) {
   if (nconfs == 0) {
     confs[nconfs++] = "policy:pytorch";
     confs[nconfs++] = "policy:pytorch,expandable_segments:True";
+  }
+  if (opts.cuda) {
+    const stash_provider_t* p;
+    if (opts.capacity) {
+      fprintf(stderr, "stash-replay: --capacity applies to the simulated device, not to a GPU\n");
+      return 2;
+    }
+    if (stash_cuda_provider(&p) != STASH_OK) {
+      fprintf(stderr, "stash-replay: --provider cuda: %s\n", stash_last_error());
+      return 2;
+    }
   }
   /* Parse every configuration before replaying anything. */
   stash_conf_t parsed[MAX_CONFS];
@@ -169,7 +201,7 @@ int main(int argc, char** argv) {
     replay_result_t results[MAX_CONFS];
     bool ok[MAX_CONFS];
     for (int c = 0; c < nconfs; c++) {
-      stash_status_t st = replay_run(&t, &parsed[c], capacity, check_every, &results[c]);
+      stash_status_t st = replay_run(&t, &parsed[c], &opts, &results[c]);
       ok[c] = st == STASH_OK;
       if (!ok[c]) {
         fprintf(stderr, "stash-replay: %s under '%s': %s: %s\n", t.name, confs[c],
@@ -177,7 +209,7 @@ int main(int argc, char** argv) {
         rc = 1;
         continue;
       }
-      if (json) print_json(&t, confs[c], &results[c]);
+      if (json) print_json(&t, confs[c], opts.cuda ? "cuda" : "sim", &results[c]);
     }
     if (!json) {
       int best = -1;

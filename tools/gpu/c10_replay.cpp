@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -84,30 +85,37 @@ int main(int argc, char** argv) {
   c10::cuda::CUDACachingAllocator::init(1);
   std::vector<void*> ptrs(sizes.size(), nullptr);
   std::vector<int> alloc_stream(sizes.size(), 0);
-  FILE* out = fopen(argv[2], "w");
-  if (!out) { perror(argv[2]); return 2; }
-  fprintf(out, "Thread,Time,Action,Pointer,Size,Stream\n");
+  // With OUT.csv "-", nothing is written and the loop is timed (ns per event).
+  bool log = strcmp(argv[2], "-") != 0;
+  FILE* out = log ? fopen(argv[2], "w") : nullptr;
+  if (log && !out) { perror(argv[2]); return 2; }
+  if (log) fprintf(out, "Thread,Time,Action,Pointer,Size,Stream\n");
+  auto t0 = std::chrono::steady_clock::now();
   for (const Op& o : ops) {
     if (o.alloc) {
       void* p = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(o.size, streams[o.stream]);
       ptrs[o.id] = p;
       alloc_stream[o.id] = o.stream;
-      fprintf(out, "%s,allocate,%p,%zu,0x%llx\n", o.line_head.c_str(), p, o.size, stream_val[o.stream]);
+      if (log) fprintf(out, "%s,allocate,%p,%zu,0x%llx\n", o.line_head.c_str(), p, o.size, stream_val[o.stream]);
     } else {
-      fprintf(out, "%s,free,%p,%zu,0x%llx\n", o.line_head.c_str(), ptrs[o.id], o.size,
-              stream_val[alloc_stream[o.id]]);
+      if (log)
+        fprintf(out, "%s,free,%p,%zu,0x%llx\n", o.line_head.c_str(), ptrs[o.id], o.size,
+                stream_val[alloc_stream[o.id]]);
       c10::cuda::CUDACachingAllocator::raw_delete(ptrs[o.id]);
       ptrs[o.id] = nullptr;
     }
   }
-  fclose(out);
+  double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+              (double)ops.size();
+  if (log) fclose(out);
   CK(cudaDeviceSynchronize());
   auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
   const char* conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
   printf("{\"trace\": \"%s\", \"conf\": \"%s\", \"peak_reserved_bytes\": %lld, "
-         "\"peak_allocated_bytes\": %lld, \"device_allocs\": %lld, \"device_frees\": %lld}\n",
+         "\"peak_allocated_bytes\": %lld, \"device_allocs\": %lld, \"device_frees\": %lld, "
+         "\"ns_per_event\": %.1f}\n",
          argv[1], conf ? conf : "", (long long)st.reserved_bytes[0].peak,
          (long long)st.allocated_bytes[0].peak, (long long)st.num_device_alloc,
-         (long long)st.num_device_free);
+         (long long)st.num_device_free, ns);
   return 0;
 }

@@ -1,0 +1,280 @@
+/* test-cuda: the CUDA provider on a real GPU. Exits 77 (CTest's skip) where there is no
+ * driver or no GPU. A plain C program: it never touches the CUDA runtime, the provider
+ * retains the device's primary context itself.
+ *
+ *  - patterns: every allocation is filled with its own pattern by the driver
+ *    (cuMemsetD32Async on its stream) and read back and compared, through reuse, splits,
+ *    merges and empty_cache, on plain and on virtual-memory (expandable) segments;
+ *  - record_stream: a block freed after use on a second stream is not handed out again
+ *    until that stream's work is done;
+ *  - out of memory: more than the card has is refused after the cache is freed, and the
+ *    heap keeps working; a request that fits only once the cache is freed succeeds;
+ *  - empty_cache: the driver's free memory rises by exactly the bytes the heap released.
+ */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "fixture.h"
+#include "internal.h"
+
+static PFN_cuMemsetD32Async_v3020 memset32;
+static PFN_cuMemcpyDtoH_v3020 copy_to_host;
+static PFN_cuStreamCreate_v2000 stream_create;
+static PFN_cuStreamDestroy_v4000 stream_destroy;
+static PFN_cuStreamSynchronize_v2000 stream_sync;
+static PFN_cuStreamQuery_v2000 stream_query;
+static PFN_cuCtxSynchronize_v2000 ctx_sync;
+static PFN_cuMemGetInfo_v3020 mem_get_info;
+
+static const stash_provider_t* g_cuda;
+
+static stash_heap_t* open_heap(const char* conf_text) {
+  stash_conf_t conf;
+  stash_conf_init(&conf);
+  if (stash_conf_parse(&conf, conf_text) != STASH_OK) return NULL;
+  stash_heap_t* h = NULL;
+  CHECK_OK(stash_heap_create(&conf, g_cuda, 0, &h));
+  return h;
+}
+
+static stash_stats_t stats_of(stash_heap_t* h) {
+  stash_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  stash_heap_stats(h, &s);
+  return s;
+}
+
+/* ---- patterns ------------------------------------------------------------------------------ */
+
+#define NLIVE 256
+#define SAMPLE (64 * 1024) /* bytes compared at each end and in the middle */
+
+typedef struct live_s {
+  void* p;
+  size_t size;
+  uint32_t pattern;
+  CUstream stream;
+} live_t;
+
+static uint32_t* g_host;
+
+/* Compare the start, middle and end of an allocation with its pattern. */
+static int verify(const live_t* l) {
+  size_t words = l->size / 4;
+  if (!words) return 1;
+  size_t sample_words = SAMPLE / 4 < words ? SAMPLE / 4 : words;
+  size_t starts[3] = {0, (words - sample_words) / 2, words - sample_words};
+  stream_sync(l->stream);
+  for (int k = 0; k < 3; k++) {
+    CUresult r = copy_to_host(g_host, (CUdeviceptr)(uintptr_t)l->p + starts[k] * 4, sample_words * 4);
+    if (r != CUDA_SUCCESS) return 0;
+    for (size_t i = 0; i < sample_words; i++) {
+      if (g_host[i] != l->pattern) {
+        fprintf(stderr, "[%s] %p+%zu: word %zu is 0x%x, expected 0x%x\n", th_current, l->p,
+                l->size, starts[k] + i, g_host[i], l->pattern);
+        return 0;
+      }
+    }
+  }
+  return 1;
+}
+
+static void patterns(const char* conf) {
+  stash_heap_t* h = open_heap(conf);
+  if (!h) return;
+  CUstream s[2];
+  stream_create(&s[0], CU_STREAM_NON_BLOCKING);
+  stream_create(&s[1], CU_STREAM_NON_BLOCKING);
+  live_t live[NLIVE];
+  memset(live, 0, sizeof live);
+  uint64_t rng = 0x1234567887654321ULL;
+  uint32_t next_pattern = 1;
+  int checked = 0;
+  for (int op = 0; op < 4000; op++) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    live_t* l = &live[rng % NLIVE];
+    if (l->p) {
+      if (!verify(l)) CHECK(!"pattern intact until free");
+      checked++;
+      CHECK_OK(stash_heap_free(h, l->p));
+      l->p = NULL;
+    } else {
+      size_t size;
+      switch ((rng >> 20) % 4) {
+        case 0: size = 4 + (rng >> 24) % 4096; break;
+        case 1: size = 100 * KiB + (rng >> 24) % (900 * KiB); break;
+        case 2: size = 2 * MiB + (rng >> 24) % (28 * MiB); break;
+        default: size = 40 * MiB + (rng >> 24) % (80 * MiB); break;
+      }
+      l->stream = s[(rng >> 40) & 1];
+      if (stash_heap_alloc(h, size, l->stream, &l->p) != STASH_OK) {
+        CHECK(!"allocation");
+        fprintf(stderr, "%s\n", stash_last_error());
+        l->p = NULL;
+        continue;
+      }
+      l->size = size;
+      l->pattern = 0xA5000000u | next_pattern++;
+      CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)l->p, l->pattern, size / 4, l->stream), CUDA_SUCCESS);
+    }
+    if (op % 500 == 499) {
+      for (int i = 0; i < NLIVE; i++) {
+        if (live[i].p && !verify(&live[i])) CHECK(!"pattern intact (sweep)");
+      }
+      CHECK_OK(stash_heap_check(h));
+    }
+    if (op % 1000 == 999) CHECK_OK(stash_heap_empty_cache(h));
+  }
+  for (int i = 0; i < NLIVE; i++) {
+    if (live[i].p) {
+      if (!verify(&live[i])) CHECK(!"pattern intact at the end");
+      CHECK_OK(stash_heap_free(h, live[i].p));
+    }
+  }
+  stash_stats_t st = stats_of(h);
+  fprintf(stderr, "  %s: %lld allocations, %d verified, %lld device allocs, %lld device frees\n",
+          conf, (long long)st.allocation[0].allocated, checked, (long long)st.num_device_alloc,
+          (long long)st.num_device_free);
+  CHECK(st.num_device_free > 0); /* empty_cache really gave segments back */
+  CHECK_OK(stash_heap_destroy(h));
+  stream_destroy(s[0]);
+  stream_destroy(s[1]);
+}
+
+TEST(patterns_plain) { patterns("policy:pytorch"); }
+TEST(patterns_expandable) { patterns("policy:pytorch,expandable_segments:True"); }
+
+/* ---- record_stream ----------------------------------------------------------------------- */
+
+TEST(record_stream_waits_for_the_other_stream) {
+  stash_heap_t* h = open_heap("policy:pytorch");
+  if (!h) return;
+  CUstream s1, s2;
+  stream_create(&s1, CU_STREAM_NON_BLOCKING);
+  stream_create(&s2, CU_STREAM_NON_BLOCKING);
+  const size_t xsize = 256 * MiB, bsize = 1024 * MiB;
+  void *x, *b, *y, *z;
+  CHECK_OK(stash_heap_alloc(h, xsize, s1, &x));
+  CHECK_OK(stash_heap_alloc(h, bsize, s2, &b));
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)x, 0x11111111u, xsize / 4, s1), CUDA_SUCCESS);
+  stream_sync(s1);
+  /* Long work on s2, then a write to x on s2. */
+  for (int i = 0; i < 300; i++) memset32((CUdeviceptr)(uintptr_t)b, (unsigned)i, bsize / 4, s2);
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)x, 0xBEEFBEEFu, xsize / 4, s2), CUDA_SUCCESS);
+  CHECK_OK(stash_heap_record_stream(h, x, s2));
+  CHECK_OK(stash_heap_free(h, x));
+  CHECK_OK(stash_heap_alloc(h, xsize, s1, &y));
+  CUresult busy = stream_query(s2); /* was s2's work still running when y was handed out? */
+  CHECK(y != x);
+  CHECK_EQ(busy, CUDA_ERROR_NOT_READY);
+  CHECK_OK(stash_heap_free(h, y));
+  stream_sync(s2);
+  CHECK_OK(stash_heap_alloc(h, xsize, s1, &z));
+  CHECK(z == x); /* the event completed: the block is reused */
+  live_t l = {z, xsize, 0xBEEFBEEFu, s1};
+  CHECK(verify(&l)); /* and s2's write landed before it was handed out */
+  CHECK_OK(stash_heap_free(h, z));
+  CHECK_OK(stash_heap_free(h, b));
+  stash_stats_t st = stats_of(h);
+  CHECK_EQ(st.active[0].current, 0);
+  CHECK_OK(stash_heap_destroy(h));
+  stream_destroy(s1);
+  stream_destroy(s2);
+}
+
+/* ---- out of memory ----------------------------------------------------------------------- */
+
+TEST(out_of_memory_frees_the_cache_and_recovers) {
+  stash_heap_t* h = open_heap("policy:pytorch");
+  if (!h) return;
+  size_t free0 = 0, total = 0;
+  CHECK_OK(stash_heap_mem_get_info(h, &free0, &total));
+  void* p = (void*)1;
+  CHECK_EQ(stash_heap_alloc(h, total + GiB, NULL, &p), STASH_ERR_OOM);
+  CHECK(p == NULL);
+  CHECK_STR_CONTAINS(stash_last_error(), "out of memory");
+  fprintf(stderr, "  %s\n", stash_last_error());
+  stash_stats_t st = stats_of(h);
+  CHECK_EQ(st.num_ooms, 1);
+  CHECK_EQ(st.num_alloc_retries, 1);
+  void* small = NULL;
+  CHECK_OK(stash_heap_alloc(h, MiB, NULL, &small)); /* the heap keeps working */
+  CHECK_OK(stash_heap_free(h, small));
+  /* Cache 60% of the free memory, then ask for 60% at once: only the cache's release can
+   * make room. */
+  size_t chunk = free0 / 10 * 3 / (2 * MiB) * (2 * MiB);
+  void *a = NULL, *b = NULL, *c = NULL;
+  CHECK_OK(stash_heap_alloc(h, chunk, NULL, &a));
+  CHECK_OK(stash_heap_alloc(h, chunk, NULL, &b));
+  CHECK_OK(stash_heap_free(h, a));
+  CHECK_OK(stash_heap_free(h, b));
+  CHECK_OK(stash_heap_alloc(h, 2 * chunk, NULL, &c));
+  st = stats_of(h);
+  CHECK(c != NULL);
+  CHECK(st.num_device_free >= 1);
+  CHECK_EQ(st.num_alloc_retries, 2);
+  CHECK_OK(stash_heap_free(h, c));
+  CHECK_OK(stash_heap_check(h));
+  CHECK_OK(stash_heap_destroy(h));
+}
+
+/* ---- empty_cache ------------------------------------------------------------------------- */
+
+static void empty_cache_returns_memory(const char* conf) {
+  stash_heap_t* h = open_heap(conf);
+  if (!h) return;
+  void* p[6];
+  const size_t sizes[6] = {GiB, 3 * MiB, 700 * KiB, 200 * MiB, 64 * MiB, 20 * MiB};
+  for (int i = 0; i < 6; i++) CHECK_OK(stash_heap_alloc(h, sizes[i], NULL, &p[i]));
+  for (int i = 0; i < 6; i++) CHECK_OK(stash_heap_free(h, p[i]));
+  ctx_sync();
+  size_t f1, f2, tot;
+  CHECK_EQ(mem_get_info(&f1, &tot), CUDA_SUCCESS);
+  int64_t r1 = stats_of(h).reserved_bytes[0].current;
+  CHECK_OK(stash_heap_empty_cache(h));
+  CHECK_EQ(mem_get_info(&f2, &tot), CUDA_SUCCESS);
+  int64_t r2 = stats_of(h).reserved_bytes[0].current;
+  fprintf(stderr, "  %s: reserved %lld -> %lld, driver free +%lld\n", conf, (long long)r1,
+          (long long)r2, (long long)(f2 - f1));
+  CHECK(r1 > 0);
+  CHECK_EQ(r2, 0);
+  CHECK_EQ((int64_t)(f2 - f1), r1 - r2);
+  CHECK_OK(stash_heap_destroy(h));
+}
+
+TEST(empty_cache_plain) { empty_cache_returns_memory("policy:pytorch"); }
+TEST(empty_cache_expandable) {
+  empty_cache_returns_memory("policy:pytorch,expandable_segments:True");
+}
+
+int main(void) {
+  if (stash_cuda_provider(&g_cuda) != STASH_OK) {
+    printf("skipped: %s\n", stash_last_error());
+    return 77;
+  }
+  memset32 = (PFN_cuMemsetD32Async_v3020)_stash_cuda_symbol("cuMemsetD32Async");
+  copy_to_host = (PFN_cuMemcpyDtoH_v3020)_stash_cuda_symbol("cuMemcpyDtoH");
+  stream_create = (PFN_cuStreamCreate_v2000)_stash_cuda_symbol("cuStreamCreate");
+  stream_destroy = (PFN_cuStreamDestroy_v4000)_stash_cuda_symbol("cuStreamDestroy");
+  stream_sync = (PFN_cuStreamSynchronize_v2000)_stash_cuda_symbol("cuStreamSynchronize");
+  stream_query = (PFN_cuStreamQuery_v2000)_stash_cuda_symbol("cuStreamQuery");
+  ctx_sync = (PFN_cuCtxSynchronize_v2000)_stash_cuda_symbol("cuCtxSynchronize");
+  mem_get_info = (PFN_cuMemGetInfo_v3020)_stash_cuda_symbol("cuMemGetInfo");
+  if (!memset32 || !copy_to_host || !stream_create || !stream_query || !mem_get_info ||
+      _stash_cuda_context_current(0) != 0) {
+    fprintf(stderr, "cannot set up the driver for the test\n");
+    return 1;
+  }
+  g_host = malloc(SAMPLE);
+  RUN(patterns_plain);
+  RUN(patterns_expandable);
+  RUN(record_stream_waits_for_the_other_stream);
+  RUN(out_of_memory_frees_the_cache_and_recovers);
+  RUN(empty_cache_plain);
+  RUN(empty_cache_expandable);
+  free(g_host);
+  TEST_MAIN_END();
+}
