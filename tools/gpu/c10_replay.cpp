@@ -4,11 +4,14 @@
 // Used on the device machine to check stash-replay's policy:pytorch against the real thing.
 //
 //   PYTORCH_CUDA_ALLOC_CONF=... c10_replay IN.csv OUT.csv   (prints one JSON line)
+//   c10_replay IN.csv -      no log: times a cold pass and a warm second pass (ns/event)
+//   c10_replay --pairs       the same size allocated and freed 10^6 times, median of 7
 //
 // Build (on the device): see tools/gpu/run_c10_replays.sh
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +36,30 @@ struct Op {
   std::string line_head;  // "Thread,Time" of the row
 };
 
+static int pairs() {
+  CK(cudaSetDevice(0));
+  CK(cudaFree(0));
+  c10::cuda::CUDACachingAllocator::init(1);
+  const size_t sizes[] = {4096, 65536, 1 << 20, 4 << 20, 64 << 20};
+  for (size_t size : sizes) {
+    std::vector<double> v;
+    for (int r = 0; r < 7; r++) {
+      const int n = 1000000;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; i++) {
+        void* p = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size, nullptr);
+        c10::cuda::CUDACachingAllocator::raw_delete(p);
+      }
+      v.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n);
+    }
+    std::sort(v.begin(), v.end());
+    printf("{\"pairs_size\": %zu, \"ns_per_pair\": %.1f}\n", size, v[3]);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && !strcmp(argv[1], "--pairs")) return pairs();
   if (argc < 3) {
     fprintf(stderr, "usage: %s IN.csv OUT.csv\n", argv[0]);
     return 2;
@@ -107,15 +133,32 @@ int main(int argc, char** argv) {
   }
   double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
               (double)ops.size();
+  double warm = 0;
+  if (!log) { /* free what the trace left live, then a second pass over the warm cache */
+    for (size_t i = 0; i < ptrs.size(); i++)
+      if (ptrs[i]) { c10::cuda::CUDACachingAllocator::raw_delete(ptrs[i]); ptrs[i] = nullptr; }
+    auto t1 = std::chrono::steady_clock::now();
+    for (const Op& o : ops) {
+      if (o.alloc) {
+        ptrs[o.id] = c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(o.size, streams[o.stream]);
+        alloc_stream[o.id] = o.stream;
+      } else {
+        c10::cuda::CUDACachingAllocator::raw_delete(ptrs[o.id]);
+        ptrs[o.id] = nullptr;
+      }
+    }
+    warm = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t1).count() /
+           (double)ops.size();
+  }
   if (log) fclose(out);
   CK(cudaDeviceSynchronize());
   auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
   const char* conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
   printf("{\"trace\": \"%s\", \"conf\": \"%s\", \"peak_reserved_bytes\": %lld, "
          "\"peak_allocated_bytes\": %lld, \"device_allocs\": %lld, \"device_frees\": %lld, "
-         "\"ns_per_event\": %.1f}\n",
+         "\"ns_per_event\": %.1f, \"warm_ns_per_event\": %.1f}\n",
          argv[1], conf ? conf : "", (long long)st.reserved_bytes[0].peak,
          (long long)st.allocated_bytes[0].peak, (long long)st.num_device_alloc,
-         (long long)st.num_device_free, ns);
+         (long long)st.num_device_free, ns, warm);
   return 0;
 }
