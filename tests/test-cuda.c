@@ -221,6 +221,28 @@ TEST(out_of_memory_frees_the_cache_and_recovers) {
   CHECK_OK(stash_heap_destroy(h));
 }
 
+/* ---- driver errors ----------------------------------------------------------------------- */
+
+TEST(driver_errors_name_the_call_and_the_error) {
+  /* A bogus pointer freed through the provider: the driver's name and text for the error. */
+  CHECK_EQ(g_cuda->mem_free(g_cuda->ctx, 0, 0x10, 512), STASH_ERR_DRIVER);
+  CHECK_STR_CONTAINS(_stash_provider_message(), "cuMemFree: CUDA_ERROR_");
+  fprintf(stderr, "  %s\n", _stash_provider_message());
+  /* and a device that does not exist */
+  int n = 0;
+  g_cuda->device_count(g_cuda->ctx, &n);
+  uint64_t p = 0;
+  CHECK_EQ(g_cuda->mem_alloc(g_cuda->ctx, n, 4096, &p), STASH_ERR_INVALID);
+  stash_heap_t* h = NULL;
+  CHECK_EQ(stash_heap_create(NULL, g_cuda, n, &h), STASH_ERR_INVALID);
+  CHECK_STR_CONTAINS(stash_last_error(), "does not exist");
+  /* Through a heap, a driver error reaches the caller with the driver's words. */
+  stash_heap_t* heap = open_heap("policy:pytorch");
+  if (!heap) return;
+  CHECK_EQ(stash_heap_free(heap, (void*)0x10), STASH_ERR_BAD_POINTER); /* stash's own check */
+  CHECK_OK(stash_heap_destroy(heap));
+}
+
 /* ---- empty_cache ------------------------------------------------------------------------- */
 
 /* The driver's free memory once it has stopped moving (frees can land a little late). */
@@ -287,6 +309,7 @@ int main(void) {
   RUN(patterns_expandable);
   RUN(record_stream_waits_for_the_other_stream);
   RUN(out_of_memory_frees_the_cache_and_recovers);
+  RUN(driver_errors_name_the_call_and_the_error);
   free(g_host);
   TEST_MAIN_END();
 }
