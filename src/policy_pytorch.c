@@ -629,7 +629,7 @@ static stash_status_t seg_map(stash_heap_t* h, pt_seg* g, size_t begin, size_t e
     }
   }
   for (; mapped < end; mapped++) {
-    st = PCALL(h, map, h->device, g->base + mapped * g->page, g->page, g->handles[mapped]);
+    st = PCALL(h, map, h->device, g->base + mapped * g->page, g->page, g->handles[mapped], 0);
     if (st != STASH_OK) {
       st = prov_fail(h, st, "map a page");
       goto undo;

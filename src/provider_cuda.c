@@ -314,10 +314,10 @@ static stash_status_t cuda_phys_release(void* ctx, int device, uint64_t handle) 
 }
 
 static stash_status_t cuda_map(void* ctx, int device, uint64_t va, size_t size,
-                               uint64_t handle) {
+                               uint64_t handle, size_t offset) {
   (void)ctx;
   const char* call_ = "cuMemMap";
-  IN_CTX(device, r = g_cuda.cu.cuMemMap((CUdeviceptr)va, size, 0,
+  IN_CTX(device, r = g_cuda.cu.cuMemMap((CUdeviceptr)va, size, offset,
                                         (CUmemGenericAllocationHandle)handle, 0));
   return STASH_OK;
 }

@@ -52,9 +52,16 @@ typedef struct chunk_s {
 typedef struct handle_s {
   size_t size;
   int device;
-  uint32_t maps;  /* pages currently mapped from it */
+  uint32_t maps;  /* pages currently mapped from it (a page may be mapped at several places) */
   bool released;  /* phys_release called; freed once unmapped */
 } handle_t;
+
+/* One map call: the pages it mapped point to it (for the cost of set_access and unmap,
+ * which grows with the number of separately mapped pieces in the range). */
+typedef struct piece_s {
+  uint64_t handle;
+  uint64_t pages; /* pages still mapped */
+} piece_t;
 
 typedef struct sim_stream_s {
   void* stream;
@@ -87,9 +94,12 @@ struct stash_sim_s {
   size_t nchunks, cap_chunks;
   uint64_t chunk_top;         /* the next chunk ends here */
   ptrmap_t handles;           /* id -> handle_t* */
-  ptrmap_t pages;             /* page address -> (handle id << 1) | accessible */
+  ptrmap_t pages;             /* page address -> (piece id << 1) | accessible */
+  ptrmap_t pieces;            /* piece id -> piece_t* */
   ptrmap_t events;            /* id -> sim_event_t* */
-  slab_t handle_slab, event_slab;
+  slab_t handle_slab, event_slab, piece_slab;
+  uint64_t next_piece;
+  double cost_us;             /* modelled driver time of the calls so far (docs/driver-costs.md) */
   sim_stream_t* streams;
   size_t nstreams, cap_streams;
   uint64_t next_handle, next_event;
@@ -285,6 +295,38 @@ static bool place_init(stash_sim_t* s) {
   return true;
 }
 
+/* ---- The cost model: what each call costs on an H200 (data/traces/README.md) --------------- */
+
+/* Piecewise linear in the size, through measured points (bytes, microseconds); beyond the
+ * last point the last slope continues, below the first the first value holds. */
+static double interp_us(uint64_t size, const double (*pts)[2], int n) {
+  double x = (double)size;
+  if (x <= pts[0][0]) return pts[0][1];
+  for (int i = 1; i < n; i++) {
+    if (x <= pts[i][0] || i == n - 1) {
+      double t = (x - pts[i - 1][0]) / (pts[i][0] - pts[i - 1][0]);
+      return pts[i - 1][1] + t * (pts[i][1] - pts[i - 1][1]);
+    }
+  }
+  return pts[n - 1][1];
+}
+
+#define MIB_D 1048576.0
+static const double k_alloc_us[][2] = {{2 * MIB_D, 31}, {20 * MIB_D, 36}, {512 * MIB_D, 61}};
+static const double k_free_us[][2] = {{2 * MIB_D, 27}, {20 * MIB_D, 35}, {512 * MIB_D, 165}};
+static const double k_create_us[][2] = {{2 * MIB_D, 7.3}, {512 * MIB_D, 13}};
+
+/* Distinct map pieces among the pages of [va, va+size). Lock held. */
+static uint64_t pieces_in(const stash_sim_t* s, uint64_t va, uint64_t size) {
+  uint64_t n = 0, prev = 0;
+  for (uint64_t p = va; p < va + size; p += s->gran) {
+    uint64_t piece = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p) >> 1;
+    if (piece != prev) n++;
+    prev = piece;
+  }
+  return n;
+}
+
 /* ---- Calls, counters and fault injection ------------------------------------------------ */
 
 static uint64_t next_random(stash_sim_t* s) {
@@ -364,6 +406,7 @@ static stash_status_t sim_mem_info(void* ctx, int device, size_t* free_bytes, si
   if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
   *free_bytes = s->dev[device].capacity - s->dev[device].used;
   *total = s->dev[device].capacity;
+  s->cost_us += 21.0;
   LEAVE(s, STASH_OK);
 }
 
@@ -386,6 +429,7 @@ static stash_status_t sim_mem_alloc(void* ctx, int device, size_t size, uint64_t
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
   d->used += need;
+  s->cost_us += interp_us(size, k_alloc_us, 3);
   *ptr = va;
   LEAVE(s, STASH_OK);
 }
@@ -407,6 +451,7 @@ static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t s
   ra_remove_at(&d->allocs, i);
   place_free(s, ptr, need);
   d->used -= need;
+  s->cost_us += interp_us(size, k_free_us, 3);
   LEAVE(s, STASH_OK);
 }
 
@@ -424,6 +469,7 @@ static stash_status_t sim_va_reserve(void* ctx, int device, size_t size, uint64_
     va_give(s, start, size);
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
+  s->cost_us += 1.0; /* cuMemAddressReserve: 0.4-1.9 us */
   *va = start;
   LEAVE(s, STASH_OK);
 }
@@ -446,6 +492,7 @@ static stash_status_t sim_va_free(void* ctx, int device, uint64_t va, size_t siz
   }
   ra_remove_at(&d->reservations, i);
   va_give(s, va, size);
+  s->cost_us += 1.0; /* cuMemAddressFree: not measured, taken as cuMemAddressReserve */
   LEAVE(s, STASH_OK);
 }
 
@@ -469,6 +516,7 @@ static stash_status_t sim_phys_create(void* ctx, int device, size_t size, uint64
   h->device = device;
   d->used += size;
   d->handles++;
+  s->cost_us += interp_us(size, k_create_us, 2);
   *handle = id;
   LEAVE(s, STASH_OK);
 }
@@ -489,20 +537,23 @@ static stash_status_t sim_phys_release(void* ctx, int device, uint64_t id) {
   h->released = true;
   s->dev[device].handles--;
   if (h->maps == 0) handle_drop(s, id, h);
+  s->cost_us += 9.3;
   LEAVE(s, STASH_OK);
 }
 
-static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, uint64_t id) {
+static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, uint64_t id,
+                              size_t offset) {
   stash_sim_t* s = ctx;
   ENTER(s, map);
   if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
   handle_t* h = _stash_ptrmap_get(&s->handles, id);
   if (!h || h->released)
     LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: map of unknown handle %" PRIu64, id));
-  if (h->size != size || va % s->gran)
+  if (size == 0 || offset > h->size || size > h->size - offset || va % s->gran ||
+      size % s->gran || offset % s->gran)
     LEAVE(s, stash_provider_error(STASH_ERR_INVALID,
-                                  "sim: map of %zu bytes at 0x%" PRIx64 " from a handle of %zu",
-                                  size, va, h->size));
+                                  "sim: map of %zu bytes at offset %zu of a handle of %zu to 0x%" PRIx64,
+                                  size, offset, h->size, va));
   sim_device_t* d = &s->dev[device];
   if (!ra_containing(&d->reservations, va, size))
     LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
@@ -511,13 +562,22 @@ static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, u
     if (_stash_ptrmap_get(&s->pages, p))
       LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: map over mapped page 0x%" PRIx64, p));
   }
-  if (_stash_ptrmap_reserve(&s->pages, size / s->gran) != STASH_OK)
+  piece_t* pc = _stash_slab_alloc(&s->piece_slab);
+  uint64_t pid = s->next_piece + 1;
+  if (!pc || _stash_ptrmap_reserve(&s->pages, size / s->gran) != STASH_OK ||
+      _stash_ptrmap_put(&s->pieces, pid, pc) != STASH_OK) {
+    if (pc) _stash_slab_free(&s->piece_slab, pc);
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  }
+  s->next_piece = pid;
+  pc->handle = id;
   for (uint64_t p = va; p < va + size; p += s->gran) {
-    _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(id << 1));
+    _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(pid << 1));
+    pc->pages++;
     h->maps++;
     d->pages++;
   }
+  s->cost_us += 0.6;
   LEAVE(s, STASH_OK);
 }
 
@@ -531,8 +591,15 @@ static stash_status_t sim_unmap(void* ctx, int device, uint64_t va, size_t size)
     if (!_stash_ptrmap_get(&s->pages, p))
       LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unmap of unmapped page 0x%" PRIx64, p));
   }
+  s->cost_us += 14.0 + 15.6 * (double)(pieces_in(s, va, size) - 1);
   for (uint64_t p = va; p < va + size; p += s->gran) {
-    uint64_t id = (uint64_t)(uintptr_t)_stash_ptrmap_take(&s->pages, p) >> 1;
+    uint64_t pid = (uint64_t)(uintptr_t)_stash_ptrmap_take(&s->pages, p) >> 1;
+    piece_t* pc = _stash_ptrmap_get(&s->pieces, pid);
+    uint64_t id = pc ? pc->handle : 0;
+    if (pc && --pc->pages == 0) {
+      _stash_ptrmap_take(&s->pieces, pid);
+      _stash_slab_free(&s->piece_slab, pc);
+    }
     handle_t* h = _stash_ptrmap_get(&s->handles, id);
     s->dev[device].pages--;
     if (h && --h->maps == 0 && h->released) handle_drop(s, id, h);
@@ -549,6 +616,7 @@ static stash_status_t sim_set_access(void* ctx, int device, uint64_t va, size_t 
       LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: set_access on unmapped page 0x%" PRIx64,
                                     p));
   }
+  s->cost_us += 20.0 + 27.0 * (double)(pieces_in(s, va, size) - 1);
   for (uint64_t p = va; p < va + size; p += s->gran) {
     uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p);
     _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(v | 1));
@@ -585,6 +653,7 @@ static stash_status_t sim_event_create(void* ctx, int device, uint64_t* event) {
   e->device = device;
   e->stream = -1;
   s->dev[device].events++;
+  s->cost_us += 0.31;
   *event = id;
   LEAVE(s, STASH_OK);
 }
@@ -599,6 +668,7 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   e->stream = si;
   e->seq = ++s->streams[si].recorded;
+  s->cost_us += 0.20;
   LEAVE(s, STASH_OK);
 }
 
@@ -611,6 +681,7 @@ static stash_status_t sim_event_query(void* ctx, uint64_t event) {
   ENTER(s, event_query);
   sim_event_t* e = _stash_ptrmap_get(&s->events, event);
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
+  s->cost_us += 0.19;
   LEAVE(s, event_done(s, e) ? STASH_OK : STASH_ERR_NOT_READY);
 }
 
@@ -621,6 +692,7 @@ static stash_status_t sim_event_synchronize(void* ctx, uint64_t event) {
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   /* Waiting lets the stream run up to the event. */
   if (!event_done(s, e)) s->streams[e->stream].completed = e->seq;
+  s->cost_us += 0.19; /* not measured: taken as cuEventQuery, the wait itself not counted */
   LEAVE(s, STASH_OK);
 }
 
@@ -631,6 +703,7 @@ static stash_status_t sim_event_destroy(void* ctx, uint64_t event) {
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   s->dev[e->device].events--;
   _stash_slab_free(&s->event_slab, e);
+  s->cost_us += 0.12;
   LEAVE(s, STASH_OK);
 }
 
@@ -641,6 +714,7 @@ static stash_status_t sim_stream_synchronize(void* ctx, int device, void* stream
   int si = stream_index(s, stream);
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   s->streams[si].completed = s->streams[si].recorded;
+  s->cost_us += 3.0; /* not measured: an idle stream's synchronize, a few us */
   LEAVE(s, STASH_OK);
 }
 
@@ -670,7 +744,9 @@ stash_status_t stash_sim_create(int devices, size_t capacity, stash_sim_t** out)
   for (int i = 0; i < devices; i++) s->dev[i].capacity = capacity;
   _stash_ptrmap_init(&s->handles);
   _stash_ptrmap_init(&s->pages);
+  _stash_ptrmap_init(&s->pieces);
   _stash_ptrmap_init(&s->events);
+  _stash_slab_init(&s->piece_slab, sizeof(piece_t));
   _stash_slab_init(&s->handle_slab, sizeof(handle_t));
   _stash_slab_init(&s->event_slab, sizeof(sim_event_t));
   stash_provider_t* t = &s->table;
@@ -713,7 +789,9 @@ void stash_sim_destroy(stash_sim_t* s) {
   free(s->streams);
   _stash_ptrmap_free(&s->handles);
   _stash_ptrmap_free(&s->pages);
+  _stash_ptrmap_free(&s->pieces);
   _stash_ptrmap_free(&s->events);
+  _stash_slab_destroy(&s->piece_slab);
   _stash_slab_destroy(&s->handle_slab);
   _stash_slab_destroy(&s->event_slab);
   pthread_mutex_destroy(&s->lock);
@@ -767,6 +845,14 @@ void stash_sim_fail_random(stash_sim_t* s, stash_provider_call_t call, double p,
   s->fail_p_status[call] = status;
   s->rng = seed;
   pthread_mutex_unlock(&s->lock);
+}
+
+double stash_sim_modeled_us(const stash_sim_t* cs) {
+  stash_sim_t* s = (stash_sim_t*)cs;
+  pthread_mutex_lock(&s->lock);
+  double v = s->cost_us;
+  pthread_mutex_unlock(&s->lock);
+  return v;
 }
 
 uint64_t stash_sim_injected(const stash_sim_t* cs) {

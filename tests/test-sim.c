@@ -1,6 +1,10 @@
 /* test-sim: the simulated provider - legality checks, events, fault injection, and the
  * driver-like placement of plain allocations against addresses measured on the H200. */
+#include <math.h>
+
 #include "fixture.h"
+
+#define CHECK_NEAR(a, b) CHECK(fabs((double)(a) - (double)(b)) < 1e-6)
 
 /* cuMemAlloc on an H200 (driver 580.159), fresh process: size and address relative to the
  * first allocation (tools/gpu/va_probe.c < tools/gpu/probe_mixed.txt). */
@@ -102,15 +106,15 @@ TEST(illegal_calls_are_errors) {
   CHECK_OK(p->va_reserve(x, 0, 8 * MiB, &va));
   CHECK_EQ(p->va_reserve(x, 0, 3 * MiB, &va + 0), STASH_ERR_INVALID);
   CHECK_OK(p->phys_create(x, 0, 2 * MiB, &h));
-  CHECK_EQ(p->map(x, 0, va - 2 * MiB, 2 * MiB, h), STASH_ERR_DRIVER); /* outside */
+  CHECK_EQ(p->map(x, 0, va - 2 * MiB, 2 * MiB, h, 0), STASH_ERR_DRIVER); /* outside */
   CHECK_EQ(p->set_access(x, 0, va, 2 * MiB), STASH_ERR_DRIVER);       /* not mapped */
-  CHECK_OK(p->map(x, 0, va, 2 * MiB, h));
+  CHECK_OK(p->map(x, 0, va, 2 * MiB, h, 0));
   CHECK(!stash_sim_is_usable(sim, 0, va, 512));
   CHECK_OK(p->set_access(x, 0, va, 2 * MiB));
   CHECK(stash_sim_is_usable(sim, 0, va, 2 * MiB));
   CHECK(!stash_sim_is_usable(sim, 0, va, 2 * MiB + 1));
   CHECK_OK(p->phys_create(x, 0, 2 * MiB, &h2));
-  CHECK_EQ(p->map(x, 0, va, 2 * MiB, h2), STASH_ERR_DRIVER); /* already mapped */
+  CHECK_EQ(p->map(x, 0, va, 2 * MiB, h2, 0), STASH_ERR_DRIVER); /* already mapped */
   CHECK_EQ(p->va_free(x, 0, va, 8 * MiB), STASH_ERR_DRIVER); /* pages still mapped */
   CHECK_OK(p->unmap(x, 0, va, 2 * MiB));
   CHECK_EQ(p->unmap(x, 0, va, 2 * MiB), STASH_ERR_DRIVER);
@@ -133,6 +137,49 @@ TEST(illegal_calls_are_errors) {
   stash_sim_usage_t u;
   stash_sim_usage(sim, 0, &u);
   CHECK_EQ(u.used_bytes + u.allocations + u.reservations + u.handles + u.mapped_pages + u.events, 0);
+  stash_sim_destroy(sim);
+}
+
+TEST(aliases_and_costs) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  double c0 = stash_sim_modeled_us(sim);
+  uint64_t a, b, c;
+  CHECK_OK(p->mem_alloc(x, 0, 2 * MiB, &a));
+  CHECK_NEAR(stash_sim_modeled_us(sim) - c0, 31.0); /* cuMemAlloc of 2 MiB */
+  CHECK_OK(p->mem_alloc(x, 0, 20 * MiB, &b));
+  CHECK_OK(p->mem_alloc(x, 0, 512 * MiB, &c));
+  CHECK_NEAR(stash_sim_modeled_us(sim) - c0, 31.0 + 36.0 + 61.0);
+  /* One 8 MiB physical allocation mapped in pieces, and a page of it at two addresses. */
+  uint64_t va, h;
+  CHECK_OK(p->va_reserve(x, 0, 16 * MiB, &va));
+  CHECK_OK(p->phys_create(x, 0, 8 * MiB, &h));
+  CHECK_EQ(p->map(x, 0, va, 4 * MiB, h, 3 * MiB), STASH_ERR_INVALID); /* unaligned offset */
+  CHECK_EQ(p->map(x, 0, va, 4 * MiB, h, 6 * MiB), STASH_ERR_INVALID); /* past the end */
+  CHECK_OK(p->map(x, 0, va, 4 * MiB, h, 2 * MiB));
+  CHECK_OK(p->map(x, 0, va + 4 * MiB, 2 * MiB, h, 2 * MiB)); /* an alias of the first page */
+  double before = stash_sim_modeled_us(sim);
+  CHECK_OK(p->set_access(x, 0, va, 6 * MiB)); /* two pieces: 20 + 27 */
+  CHECK_NEAR(stash_sim_modeled_us(sim) - before, 47.0);
+  CHECK(stash_sim_is_usable(sim, 0, va, 6 * MiB));
+  stash_sim_usage_t u;
+  stash_sim_usage(sim, 0, &u);
+  CHECK_EQ(u.mapped_pages, 3);
+  CHECK_OK(p->phys_release(x, 0, h)); /* released while mapped: freed at the last unmap */
+  stash_sim_usage(sim, 0, &u);
+  CHECK_EQ(u.handles, 0);
+  CHECK(u.used_bytes >= 8 * MiB);
+  before = stash_sim_modeled_us(sim);
+  CHECK_OK(p->unmap(x, 0, va, 6 * MiB)); /* two pieces: 14 + 15.6 */
+  CHECK_NEAR(stash_sim_modeled_us(sim) - before, 14.0 + 15.6);
+  CHECK_OK(p->va_free(x, 0, va, 16 * MiB));
+  CHECK_OK(p->mem_free(x, 0, a, 2 * MiB));
+  CHECK_OK(p->mem_free(x, 0, b, 20 * MiB));
+  CHECK_OK(p->mem_free(x, 0, c, 512 * MiB));
+  stash_sim_usage(sim, 0, &u);
+  CHECK_EQ(u.used_bytes + u.mapped_pages + u.allocations + u.reservations, 0);
   stash_sim_destroy(sim);
 }
 
@@ -169,6 +216,7 @@ int main(void) {
   RUN(placement_matches_the_driver);
   RUN(freed_ranges_are_reused_lowest_first);
   RUN(illegal_calls_are_errors);
+  RUN(aliases_and_costs);
   RUN(fault_injection_counts);
   TEST_MAIN_END();
 }

@@ -76,9 +76,23 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     st = STASH_ERR_HOST_OOM;
     goto done;
   }
+  /* Provider calls that allocate or map, and that unmap or free. */
+  static const stash_provider_call_t allocs[] = {STASH_CALL_mem_alloc, STASH_CALL_va_reserve,
+                                                 STASH_CALL_phys_create, STASH_CALL_map,
+                                                 STASH_CALL_set_access};
+  static const stash_provider_call_t frees[] = {STASH_CALL_mem_free, STASH_CALL_va_free,
+                                                STASH_CALL_phys_release, STASH_CALL_unmap};
+  uint64_t half_allocs = 0, half_frees = 0;
+  size_t half = t->nevents / 2;
   double t0 = now_ns();
   for (size_t i = 0; i < t->nevents; i++) {
     const trace_event_t* e = &t->events[i];
+    if (sim && i == half) {
+      for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++)
+        half_allocs += stash_sim_calls(sim, allocs[k]);
+      for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++)
+        half_frees += stash_sim_calls(sim, frees[k]);
+    }
     void* stream = (void*)(uintptr_t)t->streams[e->stream];
     if (e->op == TRACE_ALLOC) {
       stash_status_t r = stash_heap_alloc(heap, e->size, stream, &ptrs[e->id]);
@@ -94,6 +108,10 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       if (st != STASH_OK) goto done;
       ptrs[e->id] = NULL;
     }
+    /* The GPU keeps up: the work queued so far on every stream is done by the next event
+     * (events recorded for cross-stream reuse complete then). */
+    if (sim)
+      for (size_t k = 0; k < t->nstreams; k++) stash_sim_complete(sim, (void*)(uintptr_t)t->streams[k]);
     if (check_every && (i + 1) % check_every == 0) {
       st = stash_heap_check(heap);
       if (st != STASH_OK) goto done;
@@ -119,6 +137,14 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   out->device_allocs = (uint64_t)out->stats.num_device_alloc;
   out->device_frees = (uint64_t)out->stats.num_device_free;
   out->alloc_retries = (uint64_t)out->stats.num_alloc_retries;
+  if (sim) {
+    out->modeled_driver_us = stash_sim_modeled_us(sim);
+    uint64_t a = 0, f = 0;
+    for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++) a += stash_sim_calls(sim, allocs[k]);
+    for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++) f += stash_sim_calls(sim, frees[k]);
+    out->device_allocs_second_half = a - half_allocs;
+    out->device_frees_second_half = f - half_frees;
+  }
 done:
   free(ptrs);
   if (heap) {

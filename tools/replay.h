@@ -19,6 +19,9 @@ typedef struct replay_result_s {
   uint64_t ooms;                 /* allocations that failed with out of memory */
   uint64_t first_oom_line;       /* line of the first failed allocation (0: none) */
   double ns_per_event;           /* host wall time of the replay loop per event */
+  double modeled_driver_us;      /* the provider calls' modelled cost (simulated device) */
+  uint64_t device_allocs_second_half; /* calls that allocate or map, in the second half */
+  uint64_t device_frees_second_half;  /* calls that unmap or free, in the second half */
   stash_stats_t stats;           /* the heap's statistics at the end */
 } replay_result_t;
 

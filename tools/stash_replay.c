@@ -74,13 +74,16 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          "\"peak_reserved_bytes\": %llu, \"peak_allocated_bytes\": %llu, "
          "\"peak_active_bytes\": %llu, \"utilization\": %.6f, \"device_allocs\": %llu, "
          "\"device_frees\": %llu, \"alloc_retries\": %llu, \"ooms\": %llu, "
-         "\"ns_per_event\": %.1f}\n",
+         "\"ns_per_event\": %.1f, \"modeled_driver_us\": %.1f, "
+         "\"device_allocs_second_half\": %llu, \"device_frees_second_half\": %llu}\n",
          (unsigned long long)r->events, t->nstreams, (unsigned long long)r->peak_live_bytes,
          (unsigned long long)r->peak_reserved_bytes, (unsigned long long)r->peak_allocated_bytes,
          (unsigned long long)r->peak_active_bytes,
          r->peak_reserved_bytes ? (double)r->peak_live_bytes / (double)r->peak_reserved_bytes : 0.0,
          (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees,
-         (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event);
+         (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event,
+         r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
+         (unsigned long long)r->device_frees_second_half);
   fflush(stdout);
 }
 
