@@ -136,6 +136,51 @@ STASH_HIDDEN void* _stash_cuda_symbol(const char* name);
 /* Make the device's primary context current on this thread; 0 on success. */
 STASH_HIDDEN int _stash_cuda_context_current(int device);
 
+/* ---- provider.c: calls through a heap's provider ---------------------------------------- */
+
+/* Call a provider function of heap h, clearing the thread's provider message first. */
+#define _STASH_PCALL(h, fn, ...) \
+  (_stash_provider_message_clear(), (h)->prov.fn((h)->prov.ctx, __VA_ARGS__))
+/* Report a failed provider call: "provider 'sim' failed to <what>: <its message>". */
+STASH_HIDDEN stash_status_t _stash_prov_fail(stash_heap_t* h, stash_status_t st,
+                                             const char* what);
+
+/* ---- events.c: events for blocks used on other streams ------------------------------------ */
+
+typedef struct stash_ev_entry_s {
+  uint64_t event;
+  void* item;
+} stash_ev_entry_t;
+
+typedef struct stash_ev_queue_s { /* one stream's FIFO */
+  void* stream;
+  stash_ev_entry_t* v;
+  size_t head, n, cap;
+} stash_ev_queue_t;
+
+typedef struct stash_events_s {
+  stash_ev_queue_t* queues; /* PyTorch's cuda_events, one queue per stream */
+  size_t nqueues, cap_queues;
+  uint64_t* pool;           /* events ready for reuse */
+  size_t npool, cap_pool;
+  size_t nevents;           /* events created (pooled or queued) */
+} stash_events_t;
+
+typedef void (*stash_ev_done_fn)(stash_heap_t* h, void* item);
+
+/* Record an event on each of streams[0..n) and queue (event, item) on each stream's FIFO;
+ * all or nothing. */
+STASH_HIDDEN stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e,
+                                                 void* const* streams, size_t n, void* item);
+/* Call done(item) for every completed entry, in order per stream, stopping at a stream's
+ * first incomplete one; with wait, wait for every entry instead. */
+STASH_HIDDEN stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
+                                               stash_ev_done_fn done);
+STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
+                                        void (*fn)(void* item, void* arg), void* arg);
+/* Destroy every event (queued or pooled); returns the first error. */
+STASH_HIDDEN stash_status_t _stash_events_destroy(stash_heap_t* h, stash_events_t* e);
+
 /* ---- heap.c: the heap object shared by the policies -------------------------------------- */
 
 typedef struct stash_policy_ops_s stash_policy_ops_t;

@@ -83,17 +83,6 @@ struct pt_block_s {
   uint8_t where;
 };
 
-typedef struct pt_event_s {
-  uint64_t event;
-  pt_block* block;
-} pt_event;
-
-typedef struct pt_evq_s { /* one stream's FIFO of (event, block) */
-  void* stream;
-  pt_event* v;
-  size_t head, n, cap;
-} pt_evq;
-
 typedef struct pt_zombie_s { /* a page the provider refused to give back */
   uint64_t va;     /* still mapped at va (0: already unmapped) */
   size_t size;
@@ -107,11 +96,7 @@ typedef struct pt_state_s {
   slab_t seg_slab;
   ptrmap_t allocated; /* address -> allocated block */
   pt_seg* segs;
-  pt_evq* queues;     /* PyTorch's cuda_events, one queue per stream */
-  size_t nqueues, cap_queues;
-  uint64_t* free_events; /* the event pool */
-  size_t nfree_events, cap_free_events;
-  size_t nevents;      /* events created (pooled or in a queue) */
+  stash_events_t events; /* PyTorch's cuda_events and its event pool */
   pt_zombie* zombies;  /* pages whose unmap or release failed, retried later */
   size_t nzombies, cap_zombies;
 } pt_state;
@@ -131,12 +116,8 @@ static inline pt_block* B(bs_node_t* n) { return (pt_block*)n; }
 
 /* ---- Provider calls: errors carry the provider's own message ----------------------------- */
 
-static stash_status_t prov_fail(stash_heap_t* h, stash_status_t st, const char* what) {
-  return _stash_error(st, "provider '%s' failed to %s: %s", h->prov.name, what,
-                      _stash_provider_message());
-}
-
-#define PCALL(h, fn, ...) (_stash_provider_message_clear(), (h)->prov.fn((h)->prov.ctx, __VA_ARGS__))
+#define prov_fail _stash_prov_fail
+#define PCALL _STASH_PCALL
 
 /* ---- Ordered sets --------------------------------------------------------------------- */
 
@@ -343,175 +324,30 @@ static void free_block(stash_heap_t* h, pt_block* b) {
 
 /* ---- Events ----------------------------------------------------------------------------- */
 
-static void event_recycle(pt_state* s, uint64_t ev) {
-  /* The pool never shrinks below what was handed out, so room was reserved. */
-  s->free_events[s->nfree_events++] = ev;
-}
-
-static pt_evq* queue_for(pt_state* s, void* stream) {
-  for (size_t i = 0; i < s->nqueues; i++) {
-    if (s->queues[i].stream == stream) return &s->queues[i];
-  }
-  return NULL;
-}
-
-static bool queue_reserve(pt_evq* q, size_t extra) {
-  if (q->n + extra <= q->cap) return true;
-  size_t cap = q->cap ? q->cap : 8;
-  while (cap < q->n + extra) cap *= 2;
-  pt_event* v = malloc(cap * sizeof *v);
-  if (!v) return false;
-  for (size_t i = 0; i < q->n; i++) v[i] = q->v[(q->head + i) % q->cap];
-  free(q->v);
-  q->v = v;
-  q->head = 0;
-  q->cap = cap;
-  return true;
-}
-
-static void queue_push(pt_evq* q, pt_event e) { q->v[(q->head + q->n++) % q->cap] = e; }
-
-static pt_event* queue_front(pt_evq* q) { return &q->v[q->head]; }
-
-static void queue_pop(pt_evq* q) {
-  q->head = (q->head + 1) % q->cap;
-  q->n--;
-}
-
-/* Drop empty queues (PyTorch erases a stream's deque once it is empty). */
-static void queues_compact(pt_state* s) {
-  size_t k = 0;
-  for (size_t i = 0; i < s->nqueues; i++) {
-    if (s->queues[i].n) s->queues[k++] = s->queues[i];
-    else free(s->queues[i].v);
-  }
-  s->nqueues = k;
+/* A block's last event completed: its memory is free again. */
+static void event_done(stash_heap_t* h, void* item) {
+  pt_block* b = item;
+  if (--b->event_count == 0) free_block(h, b);
 }
 
 /* PyTorch's insert_events, all or nothing: an event per stream the block was used on. */
 static stash_status_t insert_events(stash_heap_t* h, pt_block* b) {
-  pt_state* s = S(h);
-  uint32_t n = b->nuses;
-  /* Make every container large enough first, so only provider calls can fail. */
-  if (s->nqueues + n > s->cap_queues) {
-    size_t cap = s->cap_queues ? s->cap_queues : 4;
-    while (cap < s->nqueues + n) cap *= 2;
-    pt_evq* v = realloc(s->queues, cap * sizeof *v);
-    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "free: out of host memory");
-    s->queues = v;
-    s->cap_queues = cap;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    pt_evq* q = queue_for(s, b->uses[i]);
-    if (!q) {
-      q = &s->queues[s->nqueues++];
-      memset(q, 0, sizeof *q);
-      q->stream = b->uses[i];
-    }
-    if (!queue_reserve(q, 1)) {
-      queues_compact(s);
-      return _stash_error(STASH_ERR_HOST_OOM, "free: out of host memory");
-    }
-  }
-  if (s->cap_free_events < s->nevents + n) {
-    /* Room for every event this heap may ever own, so that recycling cannot fail. */
-    size_t cap = s->cap_free_events ? s->cap_free_events : 16;
-    while (cap < s->nevents + n) cap *= 2;
-    uint64_t* v = realloc(s->free_events, cap * sizeof *v);
-    if (!v) {
-      queues_compact(s);
-      return _stash_error(STASH_ERR_HOST_OOM, "free: out of host memory");
-    }
-    s->free_events = v;
-    s->cap_free_events = cap;
-  }
-  uint64_t evs[64];
-  uint64_t* ev = n <= 64 ? evs : malloc(n * sizeof *ev);
-  if (!ev) {
-    queues_compact(s);
-    return _stash_error(STASH_ERR_HOST_OOM, "free: out of host memory");
-  }
-  stash_status_t st = STASH_OK;
-  uint32_t made = 0;
-  for (; made < n; made++) {
-    if (s->nfree_events) {
-      ev[made] = s->free_events[--s->nfree_events];
-    } else {
-      st = PCALL(h, event_create, h->device, &ev[made]);
-      if (st != STASH_OK) {
-        st = prov_fail(h, st, "create an event");
-        break;
-      }
-      s->nevents++;
-    }
-    st = PCALL(h, event_record, h->device, ev[made], b->uses[made]);
-    if (st != STASH_OK) {
-      st = prov_fail(h, st, "record an event");
-      made++; /* this event exists: give it back below */
-      break;
-    }
-  }
-  if (st != STASH_OK) {
-    for (uint32_t i = 0; i < made; i++) event_recycle(s, ev[i]);
-    if (ev != evs) free(ev);
-    queues_compact(s);
-    return st;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    queue_push(queue_for(s, b->uses[i]), (pt_event){ev[i], b});
-  }
-  if (ev != evs) free(ev);
-  b->event_count += (int)n;
+  stash_status_t st = _stash_events_record(h, &S(h)->events, b->uses, b->nuses, b);
+  if (st != STASH_OK) return st;
+  b->event_count += (int)b->nuses;
   b->nuses = 0;
   return STASH_OK;
 }
 
 /* PyTorch's process_events: complete the frees whose events are done, FIFO per stream. */
 static stash_status_t process_events(stash_heap_t* h) {
-  pt_state* s = S(h);
-  stash_status_t st = STASH_OK;
-  for (size_t i = 0; i < s->nqueues && st == STASH_OK; i++) {
-    pt_evq* q = &s->queues[i];
-    while (q->n) {
-      pt_event* e = queue_front(q);
-      stash_status_t r = PCALL(h, event_query, e->event);
-      if (r == STASH_ERR_NOT_READY) break;
-      if (r != STASH_OK) {
-        st = prov_fail(h, r, "query an event");
-        break;
-      }
-      pt_block* b = e->block;
-      event_recycle(s, e->event);
-      queue_pop(q);
-      if (--b->event_count == 0) free_block(h, b);
-    }
-  }
-  queues_compact(s);
-  return st;
+  return _stash_events_poll(h, &S(h)->events, false, event_done);
 }
 
 /* PyTorch's synchronize_and_free_events: wait for every outstanding event. */
 static stash_status_t synchronize_and_free_events(stash_heap_t* h) {
-  pt_state* s = S(h);
   h->stats.num_sync_all_streams++;
-  stash_status_t st = STASH_OK;
-  for (size_t i = 0; i < s->nqueues && st == STASH_OK; i++) {
-    pt_evq* q = &s->queues[i];
-    while (q->n) {
-      pt_event* e = queue_front(q);
-      stash_status_t r = PCALL(h, event_synchronize, e->event);
-      if (r != STASH_OK) {
-        st = prov_fail(h, r, "wait for an event");
-        break;
-      }
-      pt_block* b = e->block;
-      event_recycle(s, e->event);
-      queue_pop(q);
-      if (--b->event_count == 0) free_block(h, b);
-    }
-  }
-  queues_compact(s);
-  return st;
+  return _stash_events_poll(h, &S(h)->events, true, event_done);
 }
 
 /* ---- Releasing memory -------------------------------------------------------------------- */
@@ -1321,12 +1157,7 @@ static stash_status_t pt_destroy(stash_heap_t* h) {
     stash_status_t r_ = (x);                             \
     if (r_ != STASH_OK && first == STASH_OK) first = r_; \
   } while (0)
-  for (size_t i = 0; i < s->nqueues; i++) {
-    pt_evq* q = &s->queues[i];
-    for (; q->n; queue_pop(q)) KEEP(PCALL(h, event_destroy, queue_front(q)->event));
-    free(q->v);
-  }
-  for (size_t i = 0; i < s->nfree_events; i++) KEEP(PCALL(h, event_destroy, s->free_events[i]));
+  KEEP(_stash_events_destroy(h, &s->events));
   KEEP(zombies_release(h));
   for (pt_seg* g = s->segs; g;) {
     pt_seg* next = g->next_seg;
@@ -1350,8 +1181,6 @@ static stash_status_t pt_destroy(stash_heap_t* h) {
   }
 #undef KEEP
   if (first != STASH_OK) first = prov_fail(h, first, "give memory back while destroying the heap");
-  free(s->queues);
-  free(s->free_events);
   free(s->zombies);
   _stash_ptrmap_free(&s->allocated);
   _stash_slab_destroy(&s->block_slab);
@@ -1433,6 +1262,11 @@ static stash_status_t pt_visit(stash_heap_t* h, stash_visit_fn fn, void* arg) {
 }
 
 #define FAIL(...) return _stash_error(STASH_ERR_INVALID, "heap check: " __VA_ARGS__)
+
+static void pending_ok(void* item, void* arg) {
+  const pt_block* b = item;
+  if (b->allocated || b->event_count <= 0) *(int*)arg = 1;
+}
 
 static stash_status_t pt_check(stash_heap_t* h) {
   pt_state* s = S(h);
@@ -1554,13 +1388,9 @@ static stash_status_t pt_check(stash_heap_t* h) {
   if (st->oversize_allocations.current != oversize_alloc) FAIL("oversize_allocations is off");
   if (st->oversize_segments.current != oversize_seg) FAIL("oversize_segments is off");
   /* Every pending event points at a freed block that counts it. */
-  for (size_t i = 0; i < s->nqueues; i++) {
-    const pt_evq* q = &s->queues[i];
-    for (size_t k = 0; k < q->n; k++) {
-      const pt_block* b = q->v[(q->head + k) % q->cap].block;
-      if (b->allocated || b->event_count <= 0) FAIL("an event waits on a block that is not pending");
-    }
-  }
+  int bad = 0;
+  _stash_events_foreach(&s->events, pending_ok, &bad);
+  if (bad) FAIL("an event waits on a block that is not pending");
   return STASH_OK;
 }
 

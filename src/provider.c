@@ -46,3 +46,8 @@ bool _stash_provider_has_vmm(const stash_provider_t* p) {
   return p->granularity && p->va_reserve && p->va_free && p->phys_create &&
          p->phys_release && p->map && p->unmap && p->set_access;
 }
+
+stash_status_t _stash_prov_fail(stash_heap_t* h, stash_status_t st, const char* what) {
+  return _stash_error(st, "provider '%s' failed to %s: %s", h->prov.name, what,
+                      _stash_provider_message());
+}

@@ -1,0 +1,165 @@
+/* events.c: cross-stream frees - events recorded on the streams a block was used on, kept in
+ * one FIFO per stream and completed in order, and a pool of events reused so that the
+ * driver creates each event once.
+ *
+ * Used by the policies under the heap's lock. Every container is grown before the first
+ * provider call, so that recording is all or nothing: on failure no event is queued and the
+ * events already taken go back to the pool.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static stash_ev_queue_t* queue_for(stash_events_t* e, void* stream) {
+  for (size_t i = 0; i < e->nqueues; i++) {
+    if (e->queues[i].stream == stream) return &e->queues[i];
+  }
+  return NULL;
+}
+
+static bool queue_reserve(stash_ev_queue_t* q, size_t extra) {
+  if (q->n + extra <= q->cap) return true;
+  size_t cap = q->cap ? q->cap : 8;
+  while (cap < q->n + extra) cap *= 2;
+  stash_ev_entry_t* v = malloc(cap * sizeof *v);
+  if (!v) return false;
+  for (size_t i = 0; i < q->n; i++) v[i] = q->v[(q->head + i) % q->cap];
+  free(q->v);
+  q->v = v;
+  q->head = 0;
+  q->cap = cap;
+  return true;
+}
+
+/* Drop empty queues (as PyTorch erases a stream's deque once it is empty). */
+static void compact(stash_events_t* e) {
+  size_t k = 0;
+  for (size_t i = 0; i < e->nqueues; i++) {
+    if (e->queues[i].n) e->queues[k++] = e->queues[i];
+    else free(e->queues[i].v);
+  }
+  e->nqueues = k;
+}
+
+static stash_status_t host_oom(stash_events_t* e) {
+  compact(e);
+  return _stash_error(STASH_ERR_HOST_OOM, "free: out of host memory");
+}
+
+stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* const* streams,
+                                    size_t n, void* item) {
+  if (e->nqueues + n > e->cap_queues) {
+    size_t cap = e->cap_queues ? e->cap_queues : 4;
+    while (cap < e->nqueues + n) cap *= 2;
+    stash_ev_queue_t* v = realloc(e->queues, cap * sizeof *v);
+    if (!v) return host_oom(e);
+    e->queues = v;
+    e->cap_queues = cap;
+  }
+  for (size_t i = 0; i < n; i++) {
+    stash_ev_queue_t* q = queue_for(e, streams[i]);
+    if (!q) {
+      q = &e->queues[e->nqueues++];
+      memset(q, 0, sizeof *q);
+      q->stream = streams[i];
+    }
+    if (!queue_reserve(q, 1)) return host_oom(e);
+  }
+  if (e->cap_pool < e->nevents + n) {
+    /* Room for every event the heap may ever own, so that recycling cannot fail. */
+    size_t cap = e->cap_pool ? e->cap_pool : 16;
+    while (cap < e->nevents + n) cap *= 2;
+    uint64_t* v = realloc(e->pool, cap * sizeof *v);
+    if (!v) return host_oom(e);
+    e->pool = v;
+    e->cap_pool = cap;
+  }
+  uint64_t local[64];
+  uint64_t* ev = n <= 64 ? local : malloc(n * sizeof *ev);
+  if (!ev) return host_oom(e);
+  stash_status_t st = STASH_OK;
+  size_t made = 0;
+  for (; made < n; made++) {
+    if (e->npool) {
+      ev[made] = e->pool[--e->npool];
+    } else {
+      st = _STASH_PCALL(h, event_create, h->device, &ev[made]);
+      if (st != STASH_OK) {
+        st = _stash_prov_fail(h, st, "create an event");
+        break;
+      }
+      e->nevents++;
+    }
+    st = _STASH_PCALL(h, event_record, h->device, ev[made], streams[made]);
+    if (st != STASH_OK) {
+      st = _stash_prov_fail(h, st, "record an event");
+      made++; /* this event exists: give it back below */
+      break;
+    }
+  }
+  if (st == STASH_OK) {
+    for (size_t i = 0; i < n; i++) {
+      stash_ev_queue_t* q = queue_for(e, streams[i]);
+      q->v[(q->head + q->n++) % q->cap] = (stash_ev_entry_t){ev[i], item};
+    }
+  } else {
+    for (size_t i = 0; i < made; i++) e->pool[e->npool++] = ev[i];
+    compact(e);
+  }
+  if (ev != local) free(ev);
+  return st;
+}
+
+stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
+                                  stash_ev_done_fn done) {
+  stash_status_t st = STASH_OK;
+  for (size_t i = 0; i < e->nqueues && st == STASH_OK; i++) {
+    stash_ev_queue_t* q = &e->queues[i];
+    while (q->n) {
+      stash_ev_entry_t* x = &q->v[q->head];
+      stash_status_t r = wait ? _STASH_PCALL(h, event_synchronize, x->event)
+                              : _STASH_PCALL(h, event_query, x->event);
+      if (r == STASH_ERR_NOT_READY && !wait) break;
+      if (r != STASH_OK) {
+        st = _stash_prov_fail(h, r, wait ? "wait for an event" : "query an event");
+        break;
+      }
+      void* item = x->item;
+      e->pool[e->npool++] = x->event;
+      q->head = (q->head + 1) % q->cap;
+      q->n--;
+      done(h, item);
+    }
+  }
+  compact(e);
+  return st;
+}
+
+void _stash_events_foreach(const stash_events_t* e, void (*fn)(void* item, void* arg),
+                           void* arg) {
+  for (size_t i = 0; i < e->nqueues; i++) {
+    const stash_ev_queue_t* q = &e->queues[i];
+    for (size_t k = 0; k < q->n; k++) fn(q->v[(q->head + k) % q->cap].item, arg);
+  }
+}
+
+stash_status_t _stash_events_destroy(stash_heap_t* h, stash_events_t* e) {
+  stash_status_t first = STASH_OK;
+  for (size_t i = 0; i < e->nqueues; i++) {
+    stash_ev_queue_t* q = &e->queues[i];
+    for (; q->n; q->n--, q->head = (q->head + 1) % q->cap) {
+      stash_status_t r = _STASH_PCALL(h, event_destroy, q->v[q->head].event);
+      if (r != STASH_OK && first == STASH_OK) first = r;
+    }
+    free(q->v);
+  }
+  for (size_t i = 0; i < e->npool; i++) {
+    stash_status_t r = _STASH_PCALL(h, event_destroy, e->pool[i]);
+    if (r != STASH_OK && first == STASH_OK) first = r;
+  }
+  free(e->queues);
+  free(e->pool);
+  memset(e, 0, sizeof *e);
+  return first;
+}
