@@ -75,17 +75,20 @@ STASH_API void stash_set_error_handler(stash_error_fn fn, void* arg);
 
 typedef enum stash_policy_e {
   STASH_POLICY_PYTORCH = 0, /* PyTorch 2.11's native caching allocator, rule for rule */
+  STASH_POLICY_STASH = 1,   /* stash's own: stitched pages, shared streams (the default) */
   _STASH_POLICY_LAST
 } stash_policy_t;
 
 #define STASH_CONF_VERSION 1
 #define STASH_ROUNDUP_BUCKETS 16 /* [<2 MiB, 2-4 MiB, ..., >= 32 GiB), as PyTorch */
 
-/* A heap's configuration. Fill with stash_conf_init() and then stash_conf_parse(). */
+/* A heap's configuration. Fill with stash_conf_init() and then stash_conf_parse().
+ * policy:stash (the default) takes only per_process_memory_fraction; the other keys
+ * configure policy:pytorch and are refused, with an error naming them, under policy:stash. */
 typedef struct stash_conf_s {
   uint32_t size;                        /* sizeof(stash_conf_t) */
   uint32_t version;                     /* STASH_CONF_VERSION */
-  stash_policy_t policy;                /* policy:pytorch (=pytorch) */
+  stash_policy_t policy;                /* policy:stash|pytorch (=stash) */
   size_t max_split_size;                /* max_split_size_mb, in bytes (=SIZE_MAX: unlimited) */
   size_t max_non_split_rounding;        /* max_non_split_rounding_mb, in bytes (=20 MiB) */
   size_t large_segment_size;            /* large_segment_size_mb, in bytes (=20 MiB) */
@@ -95,14 +98,16 @@ typedef struct stash_conf_s {
   uint32_t roundup_power2_divisions[STASH_ROUNDUP_BUCKETS]; /* 0 = plain 512 B rounding */
 } stash_conf_t;
 
-/* Fill conf with the defaults above (PyTorch's defaults). */
+/* Fill conf with the defaults above (policy:stash; PyTorch's defaults for its keys). */
 STASH_API void stash_conf_init(stash_conf_t* conf);
 
 /* Apply a configuration string in PyTorch's PYTORCH_CUDA_ALLOC_CONF grammar:
- * "key:value,key:[a:b,c:d]". Keys: policy (pytorch), max_split_size_mb,
+ * "key:value,key:[a:b,c:d]". Keys: policy (stash|pytorch), max_split_size_mb,
  * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
  * garbage_collection_threshold, per_process_memory_fraction, expandable_segments
- * (True/False). Keys are applied on top of conf's current values; NULL or "" changes
+ * (True/False). Keys are applied on top of conf's current values, then the result is
+ * checked as a whole (so "expandable_segments:True,policy:pytorch" is as good as the other
+ * order, and "expandable_segments:True" alone is refused: policy:stash); NULL or "" changes
  * nothing. On error conf is unchanged, the status is STASH_ERR_CONF and stash_last_error()
  * names the offending key or value. Thread-safe (touches only conf). */
 STASH_API stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text);
@@ -204,7 +209,9 @@ typedef enum stash_block_state_e {
   STASH_BLOCK_ALLOCATED = 0,    /* live allocation */
   STASH_BLOCK_PENDING_FREE = 1, /* freed, waiting for recorded streams ("active_pending_free") */
   STASH_BLOCK_FREE = 2,         /* cached, reusable ("inactive") */
-  STASH_BLOCK_UNMAPPED = 3      /* reserved address space with no memory behind it */
+  STASH_BLOCK_UNMAPPED = 3,     /* reserved address space with no memory behind it */
+  STASH_BLOCK_LENT = 4,         /* policy:stash: pages lent to a stitched block elsewhere */
+  STASH_BLOCK_ALIAS = 5         /* policy:stash: a stitched range's pages, owned elsewhere */
 } stash_block_state_t;
 
 typedef struct stash_block_info_s {
@@ -225,7 +232,14 @@ typedef struct stash_segment_info_s {
   size_t nblocks;
 } stash_segment_info_t;
 
-/* Calls fn once per segment, in address order, with its blocks in address order. The
+/* policy:stash's segments are its two arenas (small, large: one reserved range each, its
+ * mapped part tiled by blocks) and its stitched ranges: a large block at an address of its
+ * own, backed by pages of the large arena, which shows them as LENT while the block lives.
+ * A stitched range's segment has mapped_size 0 (its memory is the arena's) and blocks
+ * ALLOCATED or PENDING_FREE (the block) and ALIAS (pages beyond it, or all of them while
+ * the range waits, cached, for its next use).
+ *
+ * Calls fn once per segment, in address order, with its blocks in address order. The
  * arrays are valid only during the call; fn must not call into the heap. Stops early if fn
  * returns non-zero. Thread-safe (holds the heap's lock throughout). */
 typedef int (*stash_visit_fn)(const stash_segment_info_t* segment,

@@ -177,6 +177,14 @@ STASH_API void stash_sim_usage(const stash_sim_t* sim, int device, stash_sim_usa
 STASH_API bool stash_sim_is_usable(const stash_sim_t* sim, int device, uint64_t ptr,
                                    size_t size);
 
+/* The memory behind ptr on `device`: stores in *phys an identifier of the physical byte at
+ * ptr (the same byte mapped at two addresses has the same identifier; identifiers of one
+ * run are consecutive) and returns how many bytes from ptr, at most size, continue that
+ * physical memory and are usable; 0 when ptr is not usable memory. For checking that live
+ * allocations share no memory, however it is mapped. */
+STASH_API size_t stash_sim_translate(const stash_sim_t* sim, int device, uint64_t ptr,
+                                     size_t size, uint64_t* phys);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,7 +22,7 @@ void stash_conf_init(stash_conf_t* c) {
   memset(c, 0, sizeof *c);
   c->size = sizeof *c;
   c->version = STASH_CONF_VERSION;
-  c->policy = STASH_POLICY_PYTORCH;
+  c->policy = STASH_POLICY_STASH;
   c->max_split_size = SIZE_MAX;
   c->max_non_split_rounding = LARGE_BUFFER_MB * MB;
   c->large_segment_size = LARGE_BUFFER_MB * MB;
@@ -35,6 +35,8 @@ const char* _stash_policy_name(stash_policy_t p) {
   switch (p) {
     case STASH_POLICY_PYTORCH:
       return "pytorch";
+    case STASH_POLICY_STASH:
+      return "stash";
     default:
       return "?";
   }
@@ -134,7 +136,11 @@ static stash_status_t parse_policy(const char* key, const lexer_t* lx, size_t* i
     c->policy = STASH_POLICY_PYTORCH;
     return STASH_OK;
   }
-  return bad_value(key, v, "the policies are: pytorch");
+  if (strcmp(v, "stash") == 0) {
+    c->policy = STASH_POLICY_STASH;
+    return STASH_OK;
+  }
+  return bad_value(key, v, "the policies are: stash, pytorch");
 }
 
 static stash_status_t parse_mb(const char* key, const char* v, size_t min_mb, size_t* out) {
@@ -279,7 +285,7 @@ static const struct option_s {
   parse_fn parse;
   const char* doc;
 } k_options[] = {
-    {"policy", parse_policy, "allocation policy: pytorch (=pytorch)"},
+    {"policy", parse_policy, "allocation policy: stash or pytorch (=stash)"},
     {"max_split_size_mb", parse_max_split,
      "blocks this large or larger are never split (MiB, >= 20; =unlimited)"},
     {"max_non_split_rounding_mb", parse_max_non_split,
@@ -303,6 +309,22 @@ static const struct option_s* find_option(const char* name) {
   for (size_t i = 0; i < sizeof k_options / sizeof k_options[0]; i++) {
     if (strcmp(k_options[i].name, name) == 0) return &k_options[i];
   }
+  return NULL;
+}
+
+/* The first key set away from its default that only policy:pytorch reads, or NULL. */
+static const char* pytorch_only_key(const stash_conf_t* c) {
+  stash_conf_t d;
+  stash_conf_init(&d);
+  if (c->max_split_size != d.max_split_size) return "max_split_size_mb";
+  if (c->large_segment_size != d.large_segment_size) return "large_segment_size_mb";
+  if (c->max_non_split_rounding != d.max_non_split_rounding) return "max_non_split_rounding_mb";
+  if (memcmp(c->roundup_power2_divisions, d.roundup_power2_divisions,
+             sizeof d.roundup_power2_divisions) != 0)
+    return "roundup_power2_divisions";
+  if (c->garbage_collection_threshold != d.garbage_collection_threshold)
+    return "garbage_collection_threshold";
+  if (c->expandable_segments != d.expandable_segments) return "expandable_segments";
   return NULL;
 }
 
@@ -333,6 +355,14 @@ stash_status_t _stash_conf_validate(const stash_conf_t* c) {
     uint32_t d = c->roundup_power2_divisions[b];
     if (d && !is_pow2(d))
       return _stash_error(STASH_ERR_CONF, "roundup_power2_divisions must be powers of 2");
+  }
+  if (c->policy == STASH_POLICY_STASH) {
+    const char* key = pytorch_only_key(c);
+    if (key)
+      return _stash_error(STASH_ERR_CONF,
+                          "STASH_CONF: %s configures policy:pytorch; policy:stash (the default) "
+                          "takes only per_process_memory_fraction - add policy:pytorch to use it",
+                          key);
   }
   return STASH_OK;
 }

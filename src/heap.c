@@ -14,6 +14,8 @@ static const stash_policy_ops_t* policy_for(stash_policy_t p) {
   switch (p) {
     case STASH_POLICY_PYTORCH:
       return &_stash_policy_pytorch;
+    case STASH_POLICY_STASH:
+      return &_stash_policy_stash;
     default:
       return NULL;
   }
@@ -65,6 +67,12 @@ stash_status_t stash_heap_create(const stash_conf_t* conf, const stash_provider_
                         _stash_provider_message());
       goto fail;
     }
+  }
+  if (c.policy == STASH_POLICY_STASH && !_stash_provider_has_vmm(&h->prov)) {
+    st = _stash_error(STASH_ERR_UNSUPPORTED,
+                      "policy:stash needs virtual memory functions, which provider '%s' lacks "
+                      "(policy:pytorch works without them)", h->prov.name);
+    goto fail;
   }
   if (c.expandable_segments) {
     if (!_stash_provider_has_vmm(&h->prov)) {

@@ -216,6 +216,7 @@ struct stash_policy_ops_s {
 };
 
 STASH_HIDDEN extern const stash_policy_ops_t _stash_policy_pytorch;
+STASH_HIDDEN extern const stash_policy_ops_t _stash_policy_stash;
 
 /* ---- conf.c ------------------------------------------------------------------------------- */
 

@@ -60,7 +60,9 @@ typedef struct handle_s {
  * which grows with the number of separately mapped pieces in the range). */
 typedef struct piece_s {
   uint64_t handle;
-  uint64_t pages; /* pages still mapped */
+  uint64_t va;     /* where the map call put it */
+  uint64_t offset; /* and from which offset of the handle */
+  uint64_t pages;  /* pages still mapped */
 } piece_t;
 
 typedef struct sim_stream_s {
@@ -571,6 +573,8 @@ static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, u
   }
   s->next_piece = pid;
   pc->handle = id;
+  pc->va = va;
+  pc->offset = offset;
   for (uint64_t p = va; p < va + size; p += s->gran) {
     _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(pid << 1));
     pc->pages++;
@@ -895,4 +899,32 @@ bool stash_sim_is_usable(const stash_sim_t* cs, int device, uint64_t ptr, size_t
   }
   pthread_mutex_unlock(&s->lock);
   return ok;
+}
+
+size_t stash_sim_translate(const stash_sim_t* cs, int device, uint64_t ptr, size_t size,
+                           uint64_t* phys) {
+  stash_sim_t* s = (stash_sim_t*)cs;
+  if (device < 0 || device >= s->ndev || size == 0) return 0;
+  pthread_mutex_lock(&s->lock);
+  size_t run = 0;
+  range_t* r = ra_containing(&s->dev[device].allocs, ptr, 1);
+  if (r) {
+    *phys = (uint64_t)1 << 63 | ptr;
+    uint64_t end = r->start + r->size;
+    run = end - ptr < size ? (size_t)(end - ptr) : size;
+  } else {
+    uint64_t page = ptr / s->gran * s->gran;
+    uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, page);
+    piece_t* pc = (v & 1) ? _stash_ptrmap_get(&s->pieces, v >> 1) : NULL;
+    if (pc) {
+      *phys = pc->handle << 40 | (pc->offset + (ptr - pc->va));
+      /* Following pages of the same map call continue the same physical memory. */
+      uint64_t p = page + s->gran;
+      while (p < ptr + size && (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p) == v)
+        p += s->gran;
+      run = p - ptr < size ? (size_t)(p - ptr) : size;
+    }
+  }
+  pthread_mutex_unlock(&s->lock);
+  return run;
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "stash.h"
+#include "stash_provider.h"
 #include "testhelper.h"
 
 #define MiB ((size_t)1 << 20)
@@ -47,10 +48,16 @@ static void check_divs_(int line, const stash_conf_t* c, const uint32_t want[NB]
 }
 #define CHECK_DIVS(c, want, what) check_divs_(__LINE__, (c), (want), (what))
 
-/* Parse text into a fresh default conf, expecting success. */
+/* The defaults under policy:pytorch, whose keys most of these tests exercise. */
+static void pytorch_init(stash_conf_t* c) {
+  stash_conf_init(c);
+  c->policy = STASH_POLICY_PYTORCH;
+}
+
+/* Parse text into a fresh default conf (policy:pytorch), expecting success. */
 static stash_conf_t parsed_(int line, const char* text) {
   stash_conf_t c;
-  stash_conf_init(&c);
+  pytorch_init(&c);
   stash_status_t st = stash_conf_parse(&c, text);
   if (st != STASH_OK) {
     th_failures++;
@@ -64,7 +71,7 @@ static stash_conf_t parsed_(int line, const char* text) {
 /* The base a bad input is applied to: not the defaults, so that a partial application of
  * the bad text (or a reset to defaults) shows. */
 static const char k_base[] =
-    "max_split_size_mb:100,large_segment_size_mb:30,roundup_power2_divisions:[2:4,>:8],"
+    "policy:pytorch,max_split_size_mb:100,large_segment_size_mb:30,roundup_power2_divisions:[2:4,>:8],"
     "garbage_collection_threshold:0.5,per_process_memory_fraction:0.75";
 /* Valid keys put before a bad one: they must not be applied either. */
 static const char k_valid_prefix[] =
@@ -105,7 +112,7 @@ TEST(defaults) {
   stash_conf_init(&c);
   CHECK_EQ(c.size, sizeof(stash_conf_t));
   CHECK_EQ(c.version, STASH_CONF_VERSION);
-  CHECK_EQ(c.policy, STASH_POLICY_PYTORCH);
+  CHECK_EQ(c.policy, STASH_POLICY_STASH);
   CHECK(c.max_split_size == SIZE_MAX);
   CHECK_EQ(c.max_non_split_rounding, 20 * MiB);
   CHECK_EQ(c.large_segment_size, 20 * MiB);
@@ -132,7 +139,7 @@ TEST(null_and_empty_change_nothing) {
 
 TEST(each_key_sets_its_field) {
   stash_conf_t d;
-  stash_conf_init(&d);
+  pytorch_init(&d);
   stash_conf_t c;
 
   c = PARSED("policy:pytorch");
@@ -248,7 +255,7 @@ TEST(all_keys_together_and_spaces) {
 
 TEST(keys_apply_on_top) {
   stash_conf_t c;
-  stash_conf_init(&c);
+  pytorch_init(&c);
   CHECK_OK(stash_conf_parse(&c, "max_split_size_mb:100,roundup_power2_divisions:8"));
   CHECK_OK(stash_conf_parse(&c, "expandable_segments:True"));
   CHECK_EQ(c.max_split_size, 100 * MiB);
@@ -411,6 +418,70 @@ TEST(bad_inputs) {
   EXPECT_BAD("backend:foo", "backend", "'foo'");
 }
 
+/* policy:stash (the default) takes per_process_memory_fraction only: every key of
+ * policy:pytorch is refused, named in the message, in any order, and nothing changes. */
+TEST(stash_policy_refuses_pytorch_keys) {
+  static const struct {
+    const char* text;
+    const char* key;
+  } keys[] = {
+      {"max_split_size_mb:100", "max_split_size_mb"},
+      {"max_non_split_rounding_mb:40", "max_non_split_rounding_mb"},
+      {"large_segment_size_mb:40", "large_segment_size_mb"},
+      {"roundup_power2_divisions:4", "roundup_power2_divisions"},
+      {"roundup_power2_divisions:[>:2]", "roundup_power2_divisions"},
+      {"garbage_collection_threshold:0.5", "garbage_collection_threshold"},
+      {"expandable_segments:True", "expandable_segments"},
+  };
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+    const char* forms[3] = {"%s", "policy:stash,%s", "%s,policy:stash"};
+    for (int f = 0; f < 3; f++) {
+      char buf[256];
+      snprintf(buf, sizeof buf, forms[f], keys[k].text);
+      stash_conf_t c, saved;
+      stash_conf_init(&c);
+      CHECK_OK(stash_conf_parse(&c, "per_process_memory_fraction:0.5"));
+      memcpy(&saved, &c, sizeof c);
+      CHECK_EQ(stash_conf_parse(&c, buf), STASH_ERR_CONF);
+      CHECK(memcmp(&c, &saved, sizeof c) == 0);
+      CHECK_STR_CONTAINS(stash_last_error(), keys[k].key);
+      CHECK_STR_CONTAINS(stash_last_error(), "policy:pytorch");
+    }
+    /* with policy:pytorch, before or after, the key is fine */
+    char buf[256];
+    stash_conf_t c;
+    snprintf(buf, sizeof buf, "policy:pytorch,%s", keys[k].text);
+    stash_conf_init(&c);
+    CHECK_OK(stash_conf_parse(&c, buf));
+    snprintf(buf, sizeof buf, "%s,policy:pytorch", keys[k].text);
+    stash_conf_init(&c);
+    CHECK_OK(stash_conf_parse(&c, buf));
+    CHECK_EQ(c.policy, STASH_POLICY_PYTORCH);
+    /* switching a conf that uses the key back to policy:stash is refused too */
+    stash_conf_t saved = c;
+    CHECK_EQ(stash_conf_parse(&c, "policy:stash"), STASH_ERR_CONF);
+    CHECK(memcmp(&c, &saved, sizeof c) == 0);
+    CHECK_STR_CONTAINS(stash_last_error(), keys[k].key);
+  }
+  /* values equal to the defaults are no change: accepted */
+  stash_conf_t c;
+  stash_conf_init(&c);
+  CHECK_OK(stash_conf_parse(&c, "policy:stash,expandable_segments:False,max_non_split_rounding_mb:20,"
+                                "backend:native,per_process_memory_fraction:0.9"));
+  CHECK_EQ(c.policy, STASH_POLICY_STASH);
+  CHECK(c.per_process_memory_fraction == 0.9);
+  /* a struct filled by hand is checked when a heap is made from it */
+  stash_conf_init(&c);
+  c.expandable_segments = true;
+  stash_sim_t* sim = NULL;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  stash_heap_t* h = NULL;
+  CHECK_EQ(stash_heap_create(&c, stash_sim_provider(sim), 0, &h), STASH_ERR_CONF);
+  CHECK(h == NULL);
+  CHECK_STR_CONTAINS(stash_last_error(), "expandable_segments");
+  stash_sim_destroy(sim);
+}
+
 TEST(max_split_not_below_large_segment) {
   /* in one text, in either order */
   EXPECT_BAD("large_segment_size_mb:40,max_split_size_mb:30", "max_split_size_mb", NULL);
@@ -419,7 +490,7 @@ TEST(max_split_not_below_large_segment) {
   EXPECT_BAD("large_segment_size_mb:128", "max_split_size_mb", NULL);
   /* on top of an earlier parse */
   stash_conf_t c, saved;
-  stash_conf_init(&c);
+  pytorch_init(&c);
   CHECK_OK(stash_conf_parse(&c, "large_segment_size_mb:40"));
   memcpy(&saved, &c, sizeof c);
   CHECK_EQ(stash_conf_parse(&c, "max_split_size_mb:30"), STASH_ERR_CONF);
@@ -438,8 +509,10 @@ static void check_format_keys_(int line, const stash_conf_t* c, const char* text
   int before = th_failures;
   stash_conf_t d;
   stash_conf_init(&d);
-  CHECK(strncmp(text, "policy:pytorch", 14) == 0);
-  CHECK(text[14] == '\0' || text[14] == ',');
+  const char* policy = c->policy == STASH_POLICY_STASH ? "policy:stash" : "policy:pytorch";
+  size_t n = strlen(policy);
+  CHECK(strncmp(text, policy, n) == 0);
+  CHECK(text[n] == '\0' || text[n] == ',');
   CHECK_EQ(strstr(text, "max_split_size_mb:") != NULL, c->max_split_size != d.max_split_size);
   CHECK_EQ(strstr(text, "max_non_split_rounding_mb:") != NULL,
            c->max_non_split_rounding != d.max_non_split_rounding);
@@ -479,6 +552,13 @@ TEST(format_defaults) {
   char buf[256];
   memset(buf, 'X', sizeof buf);
   size_t len = stash_conf_format(&c, buf, sizeof buf);
+  CHECK(strcmp(buf, "policy:stash") == 0);
+  CHECK_EQ(len, 12);
+  CHECK_OK(stash_conf_parse(&c, "per_process_memory_fraction:0.5"));
+  stash_conf_format(&c, buf, sizeof buf);
+  CHECK(strcmp(buf, "policy:stash,per_process_memory_fraction:0.5") == 0);
+  pytorch_init(&c);
+  len = stash_conf_format(&c, buf, sizeof buf);
   CHECK(strcmp(buf, "policy:pytorch") == 0);
   CHECK_EQ(len, 14);
   /* values equal to the defaults are left out even when parsed explicitly */
@@ -528,16 +608,21 @@ TEST(format_round_trips) {
     stash_conf_t c = PARSED(texts[k]);
     CHECK_ROUND_TRIP(&c);
   }
-  /* values set directly: fractions that need all 17 digits, arbitrary bucket arrays */
+  /* policy:stash, alone and with the one key it takes */
   stash_conf_t c;
   stash_conf_init(&c);
+  CHECK_ROUND_TRIP(&c);
+  c.per_process_memory_fraction = 0.25;
+  CHECK_ROUND_TRIP(&c);
+  /* values set directly: fractions that need all 17 digits, arbitrary bucket arrays */
+  pytorch_init(&c);
   c.garbage_collection_threshold = 1.0 / 3.0;
   c.per_process_memory_fraction = 0.1 + 0.2; /* 0.30000000000000004 */
   CHECK_ROUND_TRIP(&c);
   c.per_process_memory_fraction = 1e-9;
   c.garbage_collection_threshold = 0.9999999999999999;
   CHECK_ROUND_TRIP(&c);
-  stash_conf_init(&c);
+  pytorch_init(&c);
   static const uint32_t divs[NB] = {0, 1, 2, 4, 8, 0, 16, 1, 1, 32, 0, 0, 64, 2, 0, 1024};
   memcpy(c.roundup_power2_divisions, divs, sizeof divs);
   CHECK_ROUND_TRIP(&c);
@@ -584,6 +669,7 @@ int main(void) {
   RUN(roundup_lists);
   RUN(bad_inputs);
   RUN(max_split_not_below_large_segment);
+  RUN(stash_policy_refuses_pytorch_keys);
   RUN(format_defaults);
   RUN(format_round_trips);
   RUN(format_truncates_like_snprintf);

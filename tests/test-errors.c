@@ -51,6 +51,10 @@ TEST(bad_devices_and_providers) {
   bad.map = NULL;
   stash_conf_t conf;
   stash_conf_init(&conf);
+  CHECK_EQ(stash_heap_create(&conf, &bad, 0, &h), STASH_ERR_UNSUPPORTED); /* policy:stash */
+  CHECK_STR_CONTAINS(stash_last_error(), "policy:stash needs virtual memory functions");
+  CHECK(h == NULL);
+  conf.policy = STASH_POLICY_PYTORCH;
   conf.expandable_segments = true;
   CHECK_EQ(stash_heap_create(&conf, &bad, 0, &h), STASH_ERR_UNSUPPORTED);
   conf.expandable_segments = false;
@@ -58,6 +62,7 @@ TEST(bad_devices_and_providers) {
   CHECK_OK(stash_heap_destroy(h));
   /* A hand-filled conf out of range is refused. */
   stash_conf_init(&conf);
+  conf.policy = STASH_POLICY_PYTORCH;
   conf.max_split_size = 1 * MiB;
   CHECK_EQ(stash_heap_create(&conf, stash_sim_provider(sim), 0, &h), STASH_ERR_CONF);
   stash_conf_init(&conf);

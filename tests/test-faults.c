@@ -106,21 +106,60 @@ static void script(run_t* r) {
   op_alloc(r, 10, 200 * MiB, S1); /* out of memory, after releasing the cache */
 }
 
+/* The same for policy:stash, with stitching: a large request served from a hole plus new
+ * memory at a fresh address, freed and served again from the same range, the same size on
+ * the other stream (whose blocks are not free for it yet), empty_cache with a pending free
+ * and blocks only a stream synchronize frees, a request that fits only once the cache is
+ * released, and one that cannot fit. Capacity 1 GiB. */
+static void script_stash(run_t* r) {
+  op_alloc(r, 0, 1000, S1);
+  op_alloc(r, 1, 3 * MiB, S1);
+  op_alloc(r, 2, 40 * MiB, S1);
+  op_alloc(r, 3, 60 * MiB, S1);
+  op_alloc(r, 4, 600 * KiB, S2);
+  op_record(r, 1, S2);
+  op_free(r, 1);
+  op_alloc(r, 5, 3 * MiB, S1); /* the event is pending: not b's block */
+  stash_sim_complete(r->f.sim, S2);
+  op_alloc(r, 6, 2 * MiB, S1); /* processes the event */
+  op_free(r, 2);               /* a 40 MiB hole */
+  op_alloc(r, 7, 300 * MiB, S1); /* stitched: the hole's pages and new ones */
+  op_free(r, 7);
+  op_alloc(r, 8, 300 * MiB, S2); /* S1's pages are not free for S2 yet */
+  stash_sim_complete(r->f.sim, S1);
+  op_free(r, 8);
+  op_alloc(r, 9, 300 * MiB, S1); /* a cached stitched range again */
+  op_free(r, 3);
+  op_alloc(r, 10, 30 * MiB, S1);
+  op_record(r, 10, S2);
+  op_free(r, 10);
+  op_empty(r); /* waits for S2's event, synchronizes S1 */
+  op_free(r, 9);
+  op_alloc(r, 14, 300 * MiB, S2); /* S1's pages are not S2's yet: more memory */
+  op_free(r, 14);
+  op_alloc(r, 11, 900 * MiB, S1); /* fits only once S2's pages are released to all */
+  op_free(r, 11);
+  op_alloc(r, 12, 8 * MiB, S1);
+  op_alloc(r, 13, 2048 * MiB, S1); /* out of memory, after releasing the cache */
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
   memset(&r, 0, sizeof r);
-  if (!fx_open(&r.f, conf, 200 * MiB)) return false;
+  bool stash = strstr(conf, "policy:stash") != NULL;
+  if (!fx_open(&r.f, conf, stash ? 1024 * MiB : 200 * MiB)) return false;
   stash_sim_reset_calls(r.f.sim);
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  script(&r);
+  if (stash) script_stash(&r);
+  else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
   if (!nth && p == 0 && call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
-    bool vmm = strstr(conf, "expandable") != NULL;
+    bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
-    stash_provider_call_t need_vmm[] = {STASH_CALL_va_reserve, STASH_CALL_va_free,
+    stash_provider_call_t need_vmm[] = {STASH_CALL_va_reserve,
                                         STASH_CALL_phys_create, STASH_CALL_phys_release,
                                         STASH_CALL_map, STASH_CALL_unmap,
                                         STASH_CALL_set_access, STASH_CALL_stream_synchronize};
@@ -132,6 +171,9 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
     if (vmm) {
       for (size_t i = 0; i < sizeof need_vmm / sizeof need_vmm[0]; i++)
         CHECK(stash_sim_calls(r.f.sim, need_vmm[i]) > 0);
+      /* policy:pytorch frees address ranges with their segments; policy:stash keeps its
+       * ranges for the heap's life */
+      CHECK_EQ(stash_sim_calls(r.f.sim, STASH_CALL_va_free) > 0, !stash);
     } else {
       for (size_t i = 0; i < sizeof need_plain / sizeof need_plain[0]; i++)
         CHECK(stash_sim_calls(r.f.sim, need_plain[i]) > 0);
@@ -175,6 +217,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
 }
 
 static const char* const k_confs[] = {
+    "policy:stash",
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",

@@ -453,7 +453,7 @@ TEST(heap_stats_and_resets) {
    * statistics move too */
   stash_conf_t conf;
   stash_conf_init(&conf);
-  CHECK_OK(stash_conf_parse(&conf, "max_split_size_mb:20"));
+  CHECK_OK(stash_conf_parse(&conf, "policy:pytorch,max_split_size_mb:20"));
   stash_heap_t* h = NULL;
   CHECK_OK(stash_heap_create(&conf, stash_sim_provider(sim), 0, &h));
   if (!h) {

@@ -107,6 +107,7 @@ static void* worker(void* arg) {
     } else {
       size_t size = (rng >> 33) % 4 == 0 ? (size_t)((rng >> 12) % (24 * MiB)) + 1
                                           : (size_t)((rng >> 12) % (64 * KiB)) + 1;
+      if ((rng >> 40) % 100 == 0) size = 256 * MiB + (size_t)((rng >> 12) % (128 * MiB)); /* stitched */
       void* p = NULL;
       stash_status_t st = stash_heap_alloc(g_heap, size, stream, &p);
       if (st == STASH_OK) {
@@ -160,6 +161,7 @@ static void stress(const char* conf_text) {
   fx_close(&f);
 }
 
+TEST(eight_threads_stash) { stress("policy:stash"); }
 TEST(eight_threads_plain) { stress("policy:pytorch"); }
 TEST(eight_threads_expandable) { stress("policy:pytorch,expandable_segments:True"); }
 
@@ -167,6 +169,7 @@ int main(int argc, char** argv) {
   const char* env = getenv("STASH_STRESS_ITERS");
   if (argc > 1) g_iters = atoi(argv[1]);
   else if (env) g_iters = atoi(env);
+  RUN(eight_threads_stash);
   RUN(eight_threads_plain);
   RUN(eight_threads_expandable);
   TEST_MAIN_END();

@@ -629,13 +629,13 @@ def test_default_run():
         m = re.match(r"^([ *]) (\S+)\s+(\d+)\s", line)
         if m:
             rows[m.group(2)] = m
-    for c in (PT, PT_EXP):
+    for c in ("policy:stash", PT, PT_EXP):
         check(c in rows, "table has a row for %r\n%s" % (c, out))
-    check_eq(len(rows), 2, "rows of the default table\n" + out)
+    check_eq(len(rows), 3, "rows of the default table\n" + out)
     check_eq(sum(m.group(1) == "*" for m in rows.values()), 1, "rows marked '*'\n" + out)
     # Same numbers as replaying the data dir's copy explicitly.
     objs, _ = replay_json(os.path.join(DATA, "traces", "resnet50_train.csv.gz"),
-                          confs=(PT, PT_EXP))
+                          confs=("policy:stash", PT, PT_EXP))
     for o in objs:
         check_eq(int(rows[o["conf"]].group(3)), o["peak_reserved_bytes"],
                  "default run's peak reserved for %s" % o["conf"])

@@ -19,36 +19,99 @@ static double now_ns(void) {
   return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* ---- The per-event check: every live allocation usable, apart from every other ------------ */
+
+typedef struct span_s {
+  uint64_t start, size;
+} span_t;
+
 typedef struct check_ctx_s {
   const stash_sim_t* sim;
   int device;
-  uint64_t last_end;
+  span_t* va;      /* live blocks: address, size */
+  span_t* phys;    /* the physical memory behind them */
+  size_t nva, cap_va, nphys, cap_phys;
   int bad;
   char msg[256];
 } check_ctx_t;
 
-/* Every allocated block must be usable device memory, in address order without overlap. */
-static int check_segment(const stash_segment_info_t* seg, const stash_block_info_t* b,
-                         void* arg) {
-  check_ctx_t* c = arg;
-  if (seg->address < c->last_end) {
-    snprintf(c->msg, sizeof c->msg, "segment 0x%llx overlaps the previous one",
-             (unsigned long long)seg->address);
-    c->bad = 1;
-    return 1;
+static bool push(span_t** v, size_t* n, size_t* cap, uint64_t start, uint64_t size) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 256;
+    span_t* w = realloc(*v, c * sizeof *w);
+    if (!w) return false;
+    *v = w;
+    *cap = c;
   }
-  c->last_end = seg->address + seg->total_size;
-  for (size_t i = 0; i < seg->nblocks; i++) {
+  (*v)[(*n)++] = (span_t){start, size};
+  return true;
+}
+
+static int cmp_span(const void* a, const void* b) {
+  const span_t* x = a;
+  const span_t* y = b;
+  return x->start < y->start ? -1 : x->start > y->start;
+}
+
+static int collect_block(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  check_ctx_t* c = arg;
+  (void)seg;
+  for (size_t i = 0; i < seg->nblocks && !c->bad; i++) {
     if (b[i].state != STASH_BLOCK_ALLOCATED) continue;
-    if (b[i].address % 512 || b[i].size < b[i].requested_size ||
-        !stash_sim_is_usable(c->sim, c->device, b[i].address, b[i].size)) {
-      snprintf(c->msg, sizeof c->msg, "allocation 0x%llx (%zu bytes) is not usable memory",
-               (unsigned long long)b[i].address, b[i].size);
+    if (b[i].address % 512 || b[i].size < b[i].requested_size || !b[i].size) {
+      snprintf(c->msg, sizeof c->msg, "allocation 0x%llx (%zu bytes for %zu) is unaligned or short",
+               (unsigned long long)b[i].address, b[i].size, b[i].requested_size);
       c->bad = 1;
-      return 1;
+      break;
+    }
+    if (!push(&c->va, &c->nva, &c->cap_va, b[i].address, b[i].size)) c->bad = 2;
+    for (uint64_t at = b[i].address, left = b[i].size; left && !c->bad;) {
+      uint64_t phys = 0;
+      size_t run = stash_sim_translate(c->sim, c->device, at, left, &phys);
+      if (!run) {
+        snprintf(c->msg, sizeof c->msg, "allocation 0x%llx (%zu bytes) is not usable memory at 0x%llx",
+                 (unsigned long long)b[i].address, b[i].size, (unsigned long long)at);
+        c->bad = 1;
+        break;
+      }
+      if (!push(&c->phys, &c->nphys, &c->cap_phys, phys, run)) c->bad = 2;
+      at += run;
+      left -= run;
     }
   }
-  return 0;
+  return c->bad;
+}
+
+static bool overlapping(span_t* v, size_t n, uint64_t* where) {
+  qsort(v, n, sizeof *v, cmp_span);
+  for (size_t i = 1; i < n; i++) {
+    if (v[i].start < v[i - 1].start + v[i - 1].size) {
+      *where = v[i].start;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Every live allocation is usable memory of at least the size asked for, aligned to 512
+ * bytes, and shares neither addresses nor physical memory with another. */
+static bool check_live(stash_heap_t* heap, check_ctx_t* c) {
+  c->nva = c->nphys = 0;
+  c->bad = 0;
+  stash_heap_visit(heap, collect_block, c);
+  if (c->bad == 2) snprintf(c->msg, sizeof c->msg, "out of host memory");
+  if (c->bad) return false;
+  uint64_t where = 0;
+  if (overlapping(c->va, c->nva, &where)) {
+    snprintf(c->msg, sizeof c->msg, "allocations overlap at 0x%llx", (unsigned long long)where);
+    return false;
+  }
+  if (overlapping(c->phys, c->nphys, &where)) {
+    snprintf(c->msg, sizeof c->msg, "allocations share physical memory (0x%llx)",
+             (unsigned long long)where);
+    return false;
+  }
+  return true;
 }
 
 stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
@@ -60,6 +123,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   const stash_provider_t* provider = NULL;
   int device = 0;
   uint64_t check_every = opts->check_every;
+  check_ctx_t check = {.device = 0};
   stash_status_t st;
   if (opts->cuda) {
     st = stash_cuda_provider(&provider);
@@ -67,6 +131,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   } else {
     st = stash_sim_create(1, opts->capacity, &sim);
     if (st == STASH_OK) provider = stash_sim_provider(sim);
+    check.sim = sim;
   }
   if (st != STASH_OK) return st;
   st = stash_heap_create(conf, provider, device, &heap);
@@ -82,6 +147,14 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
                                                  STASH_CALL_set_access};
   static const stash_provider_call_t frees[] = {STASH_CALL_mem_free, STASH_CALL_va_free,
                                                 STASH_CALL_phys_release, STASH_CALL_unmap};
+  size_t base_free = 0, total = 0;
+  int64_t last_reserved = 0;
+  bool driver_check = opts->driver_check && !sim && provider->mem_info;
+  if (driver_check) {
+    st = provider->mem_info(provider->ctx, device, &base_free, &total);
+    if (st != STASH_OK) goto done;
+    out->driver_checked = true;
+  }
   uint64_t half_allocs = 0, half_frees = 0;
   size_t half = t->nevents / 2;
   double t0 = now_ns();
@@ -112,14 +185,29 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
      * (events recorded for cross-stream reuse complete then). */
     if (sim)
       for (size_t k = 0; k < t->nstreams; k++) stash_sim_complete(sim, (void*)(uintptr_t)t->streams[k]);
+    if (driver_check) {
+      out->stats.size = sizeof out->stats;
+      stash_heap_stats(heap, &out->stats);
+      int64_t r = out->stats.reserved_bytes[STASH_STAT_ALL].current;
+      if (r != last_reserved || i + 1 == t->nevents) {
+        last_reserved = r;
+        size_t fr = 0;
+        st = provider->mem_info(provider->ctx, device, &fr, &total);
+        if (st != STASH_OK) goto done;
+        int64_t used = (int64_t)base_free - (int64_t)fr;
+        int64_t gap = used > r ? used - r : r - used;
+        if (gap > out->driver_gap_max) out->driver_gap_max = gap;
+        if (r >= out->stats.reserved_bytes[STASH_STAT_ALL].peak) out->driver_used_at_peak = (uint64_t)used;
+        out->driver_checks++;
+      }
+    }
     if (check_every && (i + 1) % check_every == 0) {
       st = stash_heap_check(heap);
       if (st != STASH_OK) goto done;
       if (!sim) continue;
-      check_ctx_t c = {.sim = sim, .device = 0};
-      stash_heap_visit(heap, check_segment, &c);
-      if (c.bad) {
-        fprintf(stderr, "%s: event %zu: %s\n", t->name, i + 1, c.msg);
+      if (!check_live(heap, &check)) {
+        fprintf(stderr, "%s: event %zu (line %zu): %s\n", t->name, i + 1, (size_t)e->line,
+                check.msg);
         st = STASH_ERR_INVALID;
         goto done;
       }
@@ -147,6 +235,8 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   }
 done:
   free(ptrs);
+  free(check.va);
+  free(check.phys);
   if (heap) {
     stash_status_t d = stash_heap_destroy(heap);
     if (st == STASH_OK) st = d;

@@ -22,6 +22,13 @@ typedef struct replay_result_s {
   double modeled_driver_us;      /* the provider calls' modelled cost (simulated device) */
   uint64_t device_allocs_second_half; /* calls that allocate or map, in the second half */
   uint64_t device_frees_second_half;  /* calls that unmap or free, in the second half */
+  /* --driver-check (a GPU): the device memory the driver reports in use (cuMemGetInfo,
+   * less what was in use before the heap existed), read whenever the heap's reserved
+   * bytes changed. */
+  bool driver_checked;
+  uint64_t driver_checks;          /* readings taken */
+  uint64_t driver_used_at_peak;    /* the reading when reserved bytes were at their peak */
+  int64_t driver_gap_max;          /* the largest |driver in use - reserved| seen */
   stash_stats_t stats;           /* the heap's statistics at the end */
 } replay_result_t;
 
@@ -30,6 +37,7 @@ typedef struct replay_opts_s {
   int device;           /* the GPU, with cuda */
   uint64_t capacity;    /* the simulated device's bytes (0: an H200) */
   uint64_t check_every; /* if non-zero: check the heap every so many events */
+  bool driver_check;    /* with cuda: compare the driver's memory in use with reserved */
 } replay_opts_t;
 
 /* Replay t under conf on a fresh simulated device (or a real GPU). Returns STASH_OK or the

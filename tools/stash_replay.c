@@ -2,10 +2,10 @@
  * what each configuration reserves.
  *
  *   stash-replay [--conf STR]... [--capacity SIZE] [--json] [--check N]
- *                [--provider sim|cuda] [--device N] [TRACE...]
+ *                [--provider sim|cuda] [--device N] [--driver-check] [TRACE...]
  *
- * With no trace, it replays the ResNet-50 trace shipped with stash under PyTorch's default
- * and expandable-segments settings.
+ * With no trace, it replays the ResNet-50 trace shipped with stash under policy:stash and
+ * PyTorch's default and expandable-segments settings.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,13 +36,17 @@ static void usage(FILE* f) {
           "  --capacity SIZE  the simulated device's memory (default 150109880320, an H200);\n"
           "                   K/M/G/T suffixes, optional iB: 80GiB\n"
           "  --json           one JSON object per line per (trace, configuration)\n"
-          "  --check N        check every heap invariant every N events (slow)\n"
+          "  --check N        every N events: check every heap invariant and (simulated)\n"
+          "                   that every live allocation is usable memory sharing no byte,\n"
+          "                   virtual or physical, with another (slow)\n"
           "  --provider P     sim (default): the simulated device; cuda: a real GPU\n"
           "  --device N       the GPU to replay on, with --provider cuda (default 0)\n"
+          "  --driver-check   with cuda: read the driver's memory in use (cuMemGetInfo)\n"
+          "                   whenever reserved bytes change and report how far apart they are\n"
           "  -h, --help       this text\n"
           "\n"
-          "With no trace: %s/traces/resnet50_train.csv.gz under policy:pytorch and\n"
-          "policy:pytorch,expandable_segments:True.\n",
+          "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash,\n"
+          "policy:pytorch and policy:pytorch,expandable_segments:True.\n",
           STASH_DATA_DIR);
 }
 
@@ -75,7 +79,7 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          "\"peak_active_bytes\": %llu, \"utilization\": %.6f, \"device_allocs\": %llu, "
          "\"device_frees\": %llu, \"alloc_retries\": %llu, \"ooms\": %llu, "
          "\"ns_per_event\": %.1f, \"modeled_driver_us\": %.1f, "
-         "\"device_allocs_second_half\": %llu, \"device_frees_second_half\": %llu}\n",
+         "\"device_allocs_second_half\": %llu, \"device_frees_second_half\": %llu",
          (unsigned long long)r->events, t->nstreams, (unsigned long long)r->peak_live_bytes,
          (unsigned long long)r->peak_reserved_bytes, (unsigned long long)r->peak_allocated_bytes,
          (unsigned long long)r->peak_active_bytes,
@@ -84,6 +88,12 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event,
          r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
          (unsigned long long)r->device_frees_second_half);
+  if (r->driver_checked)
+    printf(", \"driver_checks\": %llu, \"driver_used_at_peak_bytes\": %llu, "
+           "\"driver_gap_max_bytes\": %lld",
+           (unsigned long long)r->driver_checks, (unsigned long long)r->driver_used_at_peak,
+           (long long)r->driver_gap_max);
+  printf("}\n");
   fflush(stdout);
 }
 
@@ -121,6 +131,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (!strcmp(a, "--json")) {
       json = true;
+    } else if (!strcmp(a, "--driver-check")) {
+      opts.driver_check = true;
     } else if (!strcmp(a, "--conf") || !strcmp(a, "--capacity") || !strcmp(a, "--check") ||
                !strcmp(a, "--provider") || !strcmp(a, "--device")) {
       if (i + 1 >= argc) {
@@ -169,6 +181,7 @@ int main(int argc, char** argv) {
   }
   if (ntraces == 0) traces[ntraces++] = STASH_DATA_DIR "/traces/resnet50_train.csv.gz";
   if (nconfs == 0) {
+    confs[nconfs++] = "policy:stash";
     confs[nconfs++] = "policy:pytorch";
     confs[nconfs++] = "policy:pytorch,expandable_segments:True";
   }
@@ -176,6 +189,11 @@ int main(int argc, char** argv) {
     const stash_provider_t* p;
     if (opts.capacity) {
       fprintf(stderr, "stash-replay: --capacity applies to the simulated device, not to a GPU\n");
+      return 2;
+    }
+    if (opts.driver_check && opts.check_every) {
+      fprintf(stderr, "stash-replay: --driver-check and --check do not mix (the check's own "
+                      "memory would count)\n");
       return 2;
     }
     if (stash_cuda_provider(&p) != STASH_OK) {

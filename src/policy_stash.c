@@ -1,0 +1,1368 @@
+/* policy_stash.c: stash's own policy - reserve little more than the program has live, make
+ * no driver call once a training loop is in its steady state, and call the driver less than
+ * PyTorch's allocator on the way there.
+ *
+ * Memory is physical pages (the device's granularity, 2 MiB) mapped into two *arenas*, one
+ * for requests of at most 1 MiB and one for the rest. An arena is one long reserved virtual
+ * range whose mapped prefix is tiled by blocks; a request takes the best-fitting free block
+ * (smallest, then lowest address) and is split off its front at 512-byte granularity; freed
+ * blocks merge with free neighbours. Every stream shares the arenas: a block freed on stream
+ * A is at once reusable by A, and by other streams once an event recorded on A after the
+ * free has completed (a "tag" and an epoch per stream; no event at all with one stream).
+ *
+ * When nothing fits, an arena grows at its end: new physical memory, one allocation and one
+ * mapping per growth, at least 8 MiB (small arena) or 20 MiB (large). But a large request
+ * (>= 256 MiB) is first offered *stitching*: a fresh virtual range backed by pages that are
+ * free in the large arena right now - whole pages of large holes (>= 32 MiB), then the free
+ * end of the arena, grown if need be. Those pages are mapped a second time, at the stitched
+ * range, and lent to it: while the stitched block lives, its pages are carved out of the
+ * arena as "phantom" blocks, so the arena cannot hand them out twice; when it is freed they
+ * return to the arena. Stitched ranges stay mapped and are reused by later requests of a
+ * similar size whenever their pages are free again - so once a training loop repeats, every
+ * request finds the same block as in the previous iteration and no driver call is made.
+ *
+ * empty_cache (and the out-of-memory fallback) waits for pending events, unmaps the free
+ * stitched ranges and gives back the physical allocations that lie wholly in the free end of
+ * each arena.
+ *
+ * Synchronization: every function here runs under the heap's lock (heap.c).
+ */
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define kMinBlock ((size_t)512)
+#define kSmallLimit ((size_t)1 << 20)    /* requests up to this go to the small arena */
+#define kSmallGrowBytes ((size_t)8 << 20)  /* the small arena grows by at least this */
+#define kLargeGrowBytes ((size_t)20 << 20) /* the large arena grows by at least this */
+#define kStitchMin ((size_t)256 << 20)   /* requests this large may be stitched */
+#define kStitchMinRun ((size_t)32 << 20) /* pages are taken only from holes this large */
+#define kOneExaByte ((size_t)1 << 60)
+
+typedef struct sb_block_s sb_block;
+typedef struct sb_arena_s sb_arena;
+typedef struct sb_stitch_s sb_stitch;
+
+/* K_DEAD: mapped memory the driver refused access to (set_access failed and the mapping
+ * could not be undone): held, never handed out, retried by empty_cache. */
+enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3 };
+
+typedef struct sb_zombie_s { /* memory the driver refused to take back: retried later */
+  uint64_t va;               /* a mapping still to unmap (0: none) */
+  size_t size;
+  uint64_t handle;           /* a physical allocation still to release (0: none) */
+} sb_zombie;
+
+struct sb_block_s {
+  bs_node_t snode;    /* free: in arena->by_size[tag], by (size, address) */
+  bs_node_t anode;    /* free: in arena->by_addr */
+  uint64_t ptr;
+  size_t size;
+  size_t requested;   /* user: bytes asked for */
+  void* stream;       /* user: allocation stream */
+  sb_arena* arena;    /* NULL for a stitched user block */
+  sb_stitch* stitch;  /* stitched user block, or phantom: the range it serves */
+  sb_block* prev;     /* arena blocks: address neighbours */
+  sb_block* next;
+  sb_block* tprev;    /* free, tagged: the stream's list of its tagged blocks */
+  sb_block* tnext;
+  void** uses;        /* user: other streams it was used on */
+  uint32_t nuses, cap_uses;
+  int event_count;    /* user, freed: events still to complete */
+  uint32_t tag;       /* free: 0 = any stream may use it; k = stream slot k only, for now */
+  uint64_t epoch;     /* free, tagged: the stream's epoch when it was freed */
+  uint8_t kind;
+  bool allocated;     /* user: live (false: freed, waiting for events) */
+};
+
+typedef struct sb_handle_s { /* a physical allocation mapped into an arena */
+  size_t first_page;
+  size_t npages;
+  uint64_t handle;
+} sb_handle;
+
+struct sb_arena_s {
+  bool small;
+  bool reserved;      /* the virtual range exists */
+  uint64_t base;
+  size_t va_size;
+  size_t mapped;      /* bytes mapped from base */
+  sb_handle* handles; /* in address order, tiling [base, base + mapped) */
+  size_t nhandles, cap_handles;
+  blockset_t by_addr; /* free blocks by address */
+  blockset_t* by_size;/* [tag]: free blocks of that tag by (size, address) */
+  sb_block* first;
+  sb_block* last;
+  size_t grow_bytes;
+};
+
+struct sb_stitch_s {
+  sb_stitch* prev_st;
+  sb_stitch* next_st;
+  uint64_t va;
+  size_t npages;
+  size_t page;        /* the page size (the heap's granularity) */
+  uint32_t* homes;    /* large-arena page indices lent to it, ascending */
+  sb_block* user;     /* the live (or pending) block using it, or NULL */
+};
+
+typedef struct sb_stream_s {
+  void* stream;
+  uint64_t epoch_next; /* the epoch given to blocks freed now */
+  bool dirty;          /* blocks freed since the last event on this stream */
+  sb_block* thead;     /* free blocks tagged with this slot */
+} sb_stream;
+
+typedef struct sb_state_s {
+  sb_arena arenas[2];  /* [0] small, [1] large */
+  sb_stream* streams;  /* slots 1..nstreams (0 unused) */
+  size_t nstreams, cap_streams;
+  sb_stitch* stitches;
+  uint64_t stitch_va, stitch_va_end;  /* bump allocation of stitched ranges */
+  uint64_t* va_ranges; /* every reservation, for destroy: pairs (va, size) */
+  size_t nva_ranges, cap_va_ranges;
+  sb_zombie* zombies;
+  size_t nzombies, cap_zombies;
+  slab_t block_slab;
+  ptrmap_t allocated;  /* address -> user block (live) */
+  stash_events_t events;
+} sb_state;
+
+static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
+#define G (h->granularity)
+#define FROM_SNODE(n) ((sb_block*)((char*)(n) - offsetof(sb_block, snode)))
+#define FROM_ANODE(n) ((sb_block*)((char*)(n) - offsetof(sb_block, anode)))
+#define PCALL _STASH_PCALL
+#define prov_fail _stash_prov_fail
+
+/* ---- Ordered sets ------------------------------------------------------------------------ */
+
+static int cmp_u64(uint64_t a, uint64_t b) { return a < b ? -1 : a > b ? 1 : 0; }
+
+static int cmp_size(const bs_node_t* a, const bs_node_t* b) {
+  const sb_block* x = FROM_SNODE(a);
+  const sb_block* y = FROM_SNODE(b);
+  if (x->size != y->size) return x->size < y->size ? -1 : 1;
+  return cmp_u64(x->ptr, y->ptr);
+}
+
+static int cmp_addr(const bs_node_t* a, const bs_node_t* b) {
+  return cmp_u64(FROM_ANODE(a)->ptr, FROM_ANODE(b)->ptr);
+}
+
+static sb_block* block_new(sb_state* s) { return _stash_slab_alloc(&s->block_slab); }
+
+static void block_delete(sb_state* s, sb_block* b) {
+  free(b->uses);
+  _stash_slab_free(&s->block_slab, b);
+}
+
+/* Insert a free block into its arena's sets and its tag's list. */
+static void free_insert(sb_state* s, sb_block* b) {
+  sb_arena* a = b->arena;
+  _stash_bs_insert(&a->by_size[b->tag], &b->snode);
+  _stash_bs_insert(&a->by_addr, &b->anode);
+  if (b->tag) {
+    sb_stream* st = &s->streams[b->tag];
+    b->tprev = NULL;
+    b->tnext = st->thead;
+    if (st->thead) st->thead->tprev = b;
+    st->thead = b;
+  }
+}
+
+static void free_remove(sb_state* s, sb_block* b) {
+  sb_arena* a = b->arena;
+  _stash_bs_erase(&a->by_size[b->tag], &b->snode);
+  _stash_bs_erase(&a->by_addr, &b->anode);
+  if (b->tag) {
+    if (b->tprev) b->tprev->tnext = b->tnext;
+    else s->streams[b->tag].thead = b->tnext;
+    if (b->tnext) b->tnext->tprev = b->tprev;
+    b->tprev = b->tnext = NULL;
+  }
+}
+
+static void link_after(sb_block* n, sb_block* b) {
+  n->prev = b;
+  n->next = b->next;
+  if (b->next) b->next->prev = n;
+  else b->arena->last = n;
+  b->next = n;
+}
+
+static void unlink_block(sb_block* b) {
+  if (b->prev) b->prev->next = b->next;
+  else b->arena->first = b->next;
+  if (b->next) b->next->prev = b->prev;
+  else b->arena->last = b->prev;
+}
+
+/* Tags may merge if equal or if one of them is 0 (usable by any stream): the merged block
+ * keeps the stricter tag. */
+static bool tags_merge(uint32_t a, uint32_t b) { return a == b || a == 0 || b == 0; }
+
+/* Whether stream slot `slot` may use free block b now. */
+static bool tag_ok(const sb_block* b, uint32_t slot) { return b->tag == 0 || b->tag == slot; }
+
+/* b is free and not in the sets: merge it with free neighbours, then insert it. */
+static void free_coalesce(sb_state* s, sb_block* b) {
+  sb_block* n = b->next;
+  if (n && n->kind == K_FREE && tags_merge(b->tag, n->tag)) {
+    free_remove(s, n);
+    b->size += n->size;
+    if (n->tag) b->tag = n->tag;
+    if (n->epoch > b->epoch) b->epoch = n->epoch;
+    unlink_block(n);
+    block_delete(s, n);
+  }
+  sb_block* p = b->prev;
+  if (p && p->kind == K_FREE && tags_merge(b->tag, p->tag)) {
+    free_remove(s, p);
+    b->ptr = p->ptr;
+    b->size += p->size;
+    if (p->tag) b->tag = p->tag;
+    if (p->epoch > b->epoch) b->epoch = p->epoch;
+    unlink_block(p);
+    block_delete(s, p);
+  }
+  free_insert(s, b);
+}
+
+/* The free block containing [addr, addr + size), or NULL. */
+static sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size) {
+  bs_node_t* x = a->by_addr.root;
+  sb_block* best = NULL;
+  while (x) {
+    sb_block* b = FROM_ANODE(x);
+    if (b->ptr <= addr) {
+      best = b;
+      x = x->right;
+    } else {
+      x = x->left;
+    }
+  }
+  if (best && addr + size <= best->ptr + best->size) return best;
+  return NULL;
+}
+
+/* Carve [at, at + size) out of free block b (which contains it); the pieces before and
+ * after stay free with b's tag. `mid`, `pre` and `post` are spare metadata (used or
+ * deleted). Returns the carved block (not in any set, kind to be set by the caller). */
+static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_block* pre,
+                       sb_block* post) {
+  free_remove(s, b);
+  uint64_t end = b->ptr + b->size;
+  if (at > b->ptr) {
+    *pre = *b;
+    memset(&pre->snode, 0, sizeof pre->snode);
+    memset(&pre->anode, 0, sizeof pre->anode);
+    pre->size = at - b->ptr;
+    pre->next = b;
+    pre->prev = b->prev;
+    if (b->prev) b->prev->next = pre;
+    else b->arena->first = pre;
+    b->prev = pre;
+    b->ptr = at;
+    b->size = end - at;
+    free_insert(s, pre);
+  } else {
+    block_delete(s, pre);
+  }
+  if (at + size < end) {
+    *post = *b;
+    memset(&post->snode, 0, sizeof post->snode);
+    memset(&post->anode, 0, sizeof post->anode);
+    post->ptr = at + size;
+    post->size = end - (at + size);
+    link_after(post, b);
+    b->size = size;
+    free_insert(s, post);
+  } else {
+    block_delete(s, post);
+  }
+  b->tag = 0;
+  b->epoch = 0;
+  return b;
+}
+
+/* ---- Streams and their epochs --------------------------------------------------------------- */
+
+static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) {
+  sb_state* s = S(h);
+  for (size_t k = 1; k <= s->nstreams; k++) {
+    if (s->streams[k].stream == stream) {
+      *out = (uint32_t)k;
+      return STASH_OK;
+    }
+  }
+  size_t k = s->nstreams + 1;
+  if (k >= s->cap_streams) {
+    size_t cap = s->cap_streams ? s->cap_streams * 2 : 4;
+    sb_stream* v = realloc(s->streams, cap * sizeof *v);
+    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    memset(v + s->cap_streams, 0, (cap - s->cap_streams) * sizeof *v);
+    s->streams = v;
+    for (int i = 0; i < 2; i++) {
+      blockset_t* t = realloc(s->arenas[i].by_size, cap * sizeof *t);
+      if (!t) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+      for (size_t j = s->cap_streams; j < cap; j++) _stash_bs_init(&t[j], cmp_size);
+      s->arenas[i].by_size = t;
+    }
+    s->cap_streams = cap;
+  }
+  s->streams[k] = (sb_stream){.stream = stream, .epoch_next = 1};
+  s->nstreams = k;
+  *out = (uint32_t)k;
+  return STASH_OK;
+}
+
+/* Event items are blocks (their address, even) or epoch markers (odd). */
+static void* epoch_marker(uint32_t slot, uint64_t epoch) {
+  return (void*)(uintptr_t)(((uint64_t)slot << 40 | epoch) << 1 | 1);
+}
+
+/* Epoch `epoch` of `slot` is over on the GPU: its blocks are free for every stream. */
+static void epoch_done(stash_heap_t* h, uint32_t slot, uint64_t epoch) {
+  sb_state* s = S(h);
+  sb_block* b = s->streams[slot].thead;
+  while (b) {
+    sb_block* next = b->tnext;
+    if (b->epoch <= epoch) {
+      free_remove(s, b);
+      b->tag = 0;
+      b->epoch = 0;
+      free_coalesce(s, b);
+    }
+    b = next;
+  }
+}
+
+static void user_free_complete(stash_heap_t* h, sb_block* b);
+
+static void event_done(stash_heap_t* h, void* item) {
+  uintptr_t v = (uintptr_t)item;
+  if (v & 1) {
+    v >>= 1;
+    epoch_done(h, (uint32_t)(v >> 40), v & (((uint64_t)1 << 40) - 1));
+    return;
+  }
+  sb_block* b = item;
+  if (--b->event_count == 0) user_free_complete(h, b);
+}
+
+/* Before stream `slot` allocates: close the epoch of every other stream that freed blocks,
+ * with one event each, so that their blocks become usable by all streams when it completes. */
+static stash_status_t close_epochs(stash_heap_t* h, uint32_t slot) {
+  sb_state* s = S(h);
+  for (size_t k = 1; k <= s->nstreams; k++) {
+    sb_stream* st = &s->streams[k];
+    if (k == slot || !st->dirty) continue;
+    stash_status_t r = _stash_events_record(h, &s->events, &st->stream, 1,
+                                            epoch_marker((uint32_t)k, st->epoch_next));
+    if (r != STASH_OK) return r;
+    st->epoch_next++;
+    st->dirty = false;
+  }
+  return STASH_OK;
+}
+
+/* ---- Statistics -------------------------------------------------------------------------------- */
+
+static void stat_inc(stash_stat_t* a, bool small, size_t n) {
+  _stash_stat_array_inc(a, small, (int64_t)n);
+}
+static void stat_dec(stash_stat_t* a, bool small, size_t n) {
+  _stash_stat_array_dec(a, small, (int64_t)n);
+}
+
+static bool block_small(const sb_block* b) { return b->arena && b->arena->small; }
+
+/* ---- Arenas: reserving, growing, shrinking ---------------------------------------------------- */
+
+static stash_status_t va_reserve(stash_heap_t* h, size_t size, uint64_t* out) {
+  sb_state* s = S(h);
+  if (s->nva_ranges + 2 > s->cap_va_ranges) {
+    size_t cap = s->cap_va_ranges ? s->cap_va_ranges * 2 : 8;
+    uint64_t* v = realloc(s->va_ranges, cap * sizeof *v);
+    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "out of host memory");
+    s->va_ranges = v;
+    s->cap_va_ranges = cap;
+  }
+  stash_status_t st = PCALL(h, va_reserve, h->device, size, out);
+  if (st != STASH_OK)
+    return st == STASH_ERR_OOM ? st : prov_fail(h, st, "reserve a virtual address range");
+  s->va_ranges[s->nva_ranges++] = *out;
+  s->va_ranges[s->nva_ranges++] = size;
+  return STASH_OK;
+}
+
+/* Remember memory the driver would not take back, to try again later. Without host memory
+ * for the note it is lost to the process (and said so). */
+static void zombie_add(stash_heap_t* h, uint64_t va, size_t size, uint64_t handle) {
+  sb_state* s = S(h);
+  if (s->nzombies == s->cap_zombies) {
+    size_t cap = s->cap_zombies ? s->cap_zombies * 2 : 4;
+    sb_zombie* v = realloc(s->zombies, cap * sizeof *v);
+    if (!v) {
+      fprintf(stderr, "stash: out of host memory: %zu bytes of device memory are lost\n", size);
+      return;
+    }
+    s->zombies = v;
+    s->cap_zombies = cap;
+  }
+  s->zombies[s->nzombies++] = (sb_zombie){va, size, handle};
+}
+
+static stash_status_t zombies_release(stash_heap_t* h) {
+  sb_state* s = S(h);
+  stash_status_t first = STASH_OK;
+  size_t k = 0;
+  for (size_t i = 0; i < s->nzombies; i++) {
+    sb_zombie* z = &s->zombies[i];
+    stash_status_t st = STASH_OK;
+    if (z->va) {
+      st = PCALL(h, unmap, h->device, z->va, z->size);
+      if (st == STASH_OK) z->va = 0;
+      else if (first == STASH_OK) first = prov_fail(h, st, "unmap memory");
+    }
+    if (st == STASH_OK && z->handle) {
+      st = PCALL(h, phys_release, h->device, z->handle);
+      if (st == STASH_OK) z->handle = 0;
+      else if (first == STASH_OK) first = prov_fail(h, st, "release physical memory");
+    }
+    if (st != STASH_OK) s->zombies[k++] = *z;
+  }
+  s->nzombies = k;
+  return first;
+}
+
+static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static stash_status_t arena_reserve(stash_heap_t* h, sb_arena* a) {
+  if (a->reserved) return STASH_OK;
+  /* Room for everything the device holds, twice: pages given back at the end and mapped
+   * again reuse the same addresses, so the range never runs out. */
+  size_t size = round_up(2 * h->device_total, G);
+  stash_status_t st = va_reserve(h, size, &a->base);
+  if (st != STASH_OK) return st;
+  a->va_size = size;
+  a->reserved = true;
+  return STASH_OK;
+}
+
+/* The usable free bytes at the arena's end for a request of stream slot `slot`. */
+static size_t free_tail(const sb_arena* a, uint32_t slot) {
+  const sb_block* t = a->last;
+  if (t && t->kind == K_FREE && (t->tag == 0 || t->tag == slot)) return t->size;
+  return 0;
+}
+
+/* Map `pages` new pages at the arena's end (at least the arena's growth step when the
+ * limit and the device allow it). */
+static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages,
+                                 uint32_t slot) {
+  sb_state* s = S(h);
+  stash_status_t st = arena_reserve(h, a);
+  if (st != STASH_OK) return st;
+  size_t step = a->grow_bytes / G;
+  size_t pages = need_pages > step ? need_pages : step;
+  if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;
+  if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) return STASH_ERR_OOM;
+  if (a->mapped + pages * G > a->va_size)
+    return _stash_error(STASH_ERR_OOM, "arena address range exhausted");
+  if (a->nhandles == a->cap_handles) {
+    size_t cap = a->cap_handles ? a->cap_handles * 2 : 32;
+    sb_handle* v = realloc(a->handles, cap * sizeof *v);
+    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    a->handles = v;
+    a->cap_handles = cap;
+  }
+  sb_block* b = block_new(s);
+  if (!b) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  uint64_t handle = 0;
+  st = PCALL(h, phys_create, h->device, pages * G, &handle);
+  if (st == STASH_ERR_OOM && pages > need_pages) {
+    pages = need_pages; /* the step is a wish: try exactly what is needed */
+    st = PCALL(h, phys_create, h->device, pages * G, &handle);
+  }
+  if (st != STASH_OK) {
+    block_delete(s, b);
+    return st == STASH_ERR_OOM ? st : prov_fail(h, st, "create physical memory");
+  }
+  uint64_t va = a->base + a->mapped;
+  st = PCALL(h, map, h->device, va, pages * G, handle, 0);
+  if (st != STASH_OK) {
+    st = prov_fail(h, st, "map physical memory");
+    goto undo_create;
+  }
+  bool dead = false;
+  st = PCALL(h, set_access, h->device, va, pages * G);
+  if (st != STASH_OK) {
+    st = prov_fail(h, st, "set access to mapped memory");
+    if (PCALL(h, unmap, h->device, va, pages * G) == STASH_OK) goto undo_create;
+    /* Cannot even unmap: the memory joins the arena as dead, and empty_cache tries again
+     * to make it accessible. */
+    dead = true;
+  }
+  a->handles[a->nhandles++] = (sb_handle){a->mapped / G, pages, handle};
+  a->mapped += pages * G;
+  h->total_reserved += pages * G;
+  stat_inc(h->stats.segment, a->small, 1);
+  stat_inc(h->stats.reserved_bytes, a->small, pages * G);
+  h->stats.num_device_alloc++;
+  b->kind = K_FREE;
+  b->arena = a;
+  b->ptr = va;
+  b->size = pages * G;
+  b->tag = 0;
+  b->epoch = 0;
+  if (a->last && a->last->kind == K_FREE && !tag_ok(a->last, slot)) {
+    /* The free end belongs to another stream for now: keep the new memory apart from it
+     * (merged, it would take that stream's tag) by giving it to `slot`, for now. */
+    b->tag = slot;
+    b->epoch = s->streams[slot].epoch_next;
+    s->streams[slot].dirty = true;
+  }
+  b->prev = a->last;
+  b->next = NULL;
+  if (a->last) a->last->next = b;
+  else a->first = b;
+  a->last = b;
+  if (dead) b->kind = K_DEAD;
+  else free_coalesce(s, b);
+  return st; /* STASH_OK, or the set_access error when the memory is dead */
+undo_create:
+  if (PCALL(h, phys_release, h->device, handle) != STASH_OK) zombie_add(h, 0, pages * G, handle);
+  block_delete(s, b);
+  return st;
+}
+
+/* Give back the physical allocations lying wholly in the free end of an arena. */
+static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
+  sb_state* s = S(h);
+  while (a->nhandles) {
+    sb_block* t = a->last;
+    sb_handle* hd = &a->handles[a->nhandles - 1];
+    uint64_t start = a->base + hd->first_page * G;
+    size_t bytes = hd->npages * G;
+    if (!t || t->kind != K_FREE || t->ptr > start) return STASH_OK;
+    stash_status_t st = PCALL(h, unmap, h->device, start, bytes);
+    if (st != STASH_OK) return prov_fail(h, st, "unmap memory");
+    stash_status_t released = PCALL(h, phys_release, h->device, hd->handle);
+    if (released != STASH_OK) {
+      /* Unmapped but not released: the arena lets it go all the same; the release is
+       * tried again by the next empty_cache, and at the latest by destroy. */
+      zombie_add(h, 0, bytes, hd->handle);
+    }
+    free_remove(s, t);
+    if (t->ptr == start) {
+      unlink_block(t);
+      block_delete(s, t);
+    } else {
+      t->size = start - t->ptr;
+      free_insert(s, t);
+    }
+    a->nhandles--;
+    a->mapped -= bytes;
+    h->total_reserved -= bytes;
+    stat_dec(h->stats.segment, a->small, 1);
+    stat_dec(h->stats.reserved_bytes, a->small, bytes);
+    h->stats.num_device_free++;
+    if (released != STASH_OK) return prov_fail(h, released, "release physical memory");
+  }
+  return STASH_OK;
+}
+
+/* Try again to make dead memory accessible. */
+static stash_status_t arena_revive(stash_heap_t* h, sb_arena* a) {
+  sb_state* s = S(h);
+  for (;;) {
+    sb_block* b = a->first;
+    while (b && b->kind != K_DEAD) b = b->next;
+    if (!b) return STASH_OK;
+    stash_status_t st = PCALL(h, set_access, h->device, b->ptr, b->size);
+    if (st != STASH_OK) return prov_fail(h, st, "set access to mapped memory");
+    b->kind = K_FREE;
+    b->tag = 0;
+    b->epoch = 0;
+    free_coalesce(s, b);
+  }
+}
+
+/* ---- Finding blocks ----------------------------------------------------------------------- */
+
+/* The best free block of arena a for `size` bytes on stream slot `slot`: the smallest, then
+ * the lowest, among the blocks any stream may use and the slot's own. */
+static sb_block* best_fit(sb_arena* a, size_t size, uint32_t slot) {
+  sb_block key = {.size = size, .ptr = 0};
+  bs_node_t* n0 = _stash_bs_lower_bound(&a->by_size[0], &key.snode);
+  bs_node_t* n1 = slot ? _stash_bs_lower_bound(&a->by_size[slot], &key.snode) : NULL;
+  if (!n0) return n1 ? FROM_SNODE(n1) : NULL;
+  if (!n1) return FROM_SNODE(n0);
+  return cmp_size(n0, n1) < 0 ? FROM_SNODE(n0) : FROM_SNODE(n1);
+}
+
+/* ---- Stitching -------------------------------------------------------------------------------- */
+
+/* Runs of consecutive home pages: call fn(first_page, npages) for each. */
+#define FOR_RUNS(st, ...)                                                     \
+  for (size_t i_ = 0; i_ < (st)->npages;) {                                    \
+    size_t j_ = i_ + 1;                                                        \
+    while (j_ < (st)->npages && (st)->homes[j_] == (st)->homes[j_ - 1] + 1) j_++; \
+    size_t run_first = (st)->homes[i_], run_pages = j_ - i_;                   \
+    __VA_ARGS__;                                                               \
+    i_ = j_;                                                                   \
+  }
+
+/* Whether every home page of st is free for stream slot `slot` now. */
+static bool stitch_available(stash_heap_t* h, const sb_stitch* st, uint32_t slot) {
+  sb_arena* a = &S(h)->arenas[1];
+  bool ok = true;
+  FOR_RUNS(st, {
+    sb_block* b = free_containing(a, a->base + run_first * G, run_pages * G);
+    if (!b || !tag_ok(b, slot)) ok = false;
+  });
+  return ok;
+}
+
+static size_t stitch_runs(const sb_stitch* st) {
+  size_t n = 0;
+  FOR_RUNS(st, { (void)run_first; (void)run_pages; n++; });
+  return n;
+}
+
+/* Lend st's home pages: carve them out of the large arena as phantom blocks. Host memory
+ * for the metadata is taken first; the pages must be free (stitch_available). */
+static stash_status_t stitch_lend(stash_heap_t* h, sb_stitch* st) {
+  sb_state* s = S(h);
+  sb_arena* a = &s->arenas[1];
+  size_t runs = stitch_runs(st);
+  sb_block* spare[3 * 64];
+  sb_block** meta = runs <= 64 ? spare : malloc(3 * runs * sizeof *meta);
+  if (!meta) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  for (size_t i = 0; i < 3 * runs; i++) {
+    meta[i] = block_new(s);
+    if (!meta[i]) {
+      for (size_t j = 0; j < i; j++) block_delete(s, meta[j]);
+      if (meta != spare) free(meta);
+      return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    }
+  }
+  size_t r = 0;
+  FOR_RUNS(st, {
+    uint64_t at = a->base + run_first * G;
+    sb_block* b = free_containing(a, at, run_pages * G);
+    sb_block* ph = carve(s, b, at, run_pages * G, meta[3 * r], meta[3 * r + 1]);
+    block_delete(s, meta[3 * r + 2]);
+    ph->kind = K_PHANTOM;
+    ph->stitch = st;
+    r++;
+  });
+  if (meta != spare) free(meta);
+  return STASH_OK;
+}
+
+/* Take the pages back: the phantoms become free blocks tagged with the stream that used
+ * the stitched block. */
+static void stitch_return(stash_heap_t* h, sb_stitch* st, uint32_t tag, uint64_t epoch) {
+  sb_state* s = S(h);
+  sb_arena* a = &s->arenas[1];
+  for (sb_block* b = a->first; b;) {
+    sb_block* next = b->next;
+    if (b->kind == K_PHANTOM && b->stitch == st) {
+      b->kind = K_FREE;
+      b->stitch = NULL;
+      b->tag = tag;
+      b->epoch = epoch;
+      free_coalesce(s, b);
+    }
+    b = next;
+  }
+}
+
+/* Map st's home pages at st->va, one map call per run within one physical allocation. */
+static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
+  sb_arena* a = &S(h)->arenas[1];
+  size_t done = 0; /* pages mapped so far */
+  stash_status_t err = STASH_OK;
+  size_t hi = 0;
+  FOR_RUNS(st, {
+    size_t p = run_first, left = run_pages;
+    while (left && err == STASH_OK) {
+      while (hi + 1 < a->nhandles && a->handles[hi + 1].first_page <= p) hi++;
+      while (hi > 0 && a->handles[hi].first_page > p) hi--;
+      sb_handle* hd = &a->handles[hi];
+      size_t in = hd->first_page + hd->npages - p;
+      size_t n = left < in ? left : in;
+      err = PCALL(h, map, h->device, st->va + done * G, n * G, hd->handle,
+                  (p - hd->first_page) * G);
+      if (err != STASH_OK) {
+        err = prov_fail(h, err, "map pages into a stitched range");
+        break;
+      }
+      done += n;
+      p += n;
+      left -= n;
+    }
+  });
+  if (err == STASH_OK) {
+    err = PCALL(h, set_access, h->device, st->va, st->npages * G);
+    if (err != STASH_OK) err = prov_fail(h, err, "set access to a stitched range");
+  }
+  if (err != STASH_OK && done && PCALL(h, unmap, h->device, st->va, done * G) != STASH_OK)
+    zombie_add(h, st->va, done * G, 0);
+  return err;
+}
+
+static void stitch_unlink(sb_state* s, sb_stitch* st) {
+  if (st->prev_st) st->prev_st->next_st = st->next_st;
+  else s->stitches = st->next_st;
+  if (st->next_st) st->next_st->prev_st = st->prev_st;
+}
+
+/* Unmap a free stitched range and forget it. */
+static stash_status_t stitch_release(stash_heap_t* h, sb_stitch* st) {
+  sb_state* s = S(h);
+  stash_status_t r = PCALL(h, unmap, h->device, st->va, st->npages * G);
+  if (r != STASH_OK) return prov_fail(h, r, "unmap a stitched range");
+  stitch_unlink(s, st);
+  free(st->homes);
+  free(st);
+  h->stats.num_device_free++;
+  return STASH_OK;
+}
+
+/* Choose whole free pages for a new stitched range of n pages: first from the largest
+ * holes (not the arena's end) that hold at least kStitchMinRun of them, then from the free
+ * end of the arena, grown as needed. */
+static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, uint32_t* homes) {
+  sb_state* s = S(h);
+  sb_arena* a = &s->arenas[1];
+  size_t got = 0, minrun = kStitchMinRun / G;
+  bs_node_t* it[2] = {_stash_bs_last(&a->by_size[0]),
+                      slot ? _stash_bs_last(&a->by_size[slot]) : NULL};
+  while (got < n && (it[0] || it[1])) {
+    int w = !it[0] ? 1 : !it[1] ? 0 : (cmp_size(it[0], it[1]) > 0 ? 0 : 1);
+    sb_block* b = FROM_SNODE(it[w]);
+    it[w] = _stash_bs_prev(it[w]);
+    if (b->size < minrun * G) break; /* the rest are smaller */
+    if (b == a->last) continue;
+    size_t lo = (b->ptr - a->base + G - 1) / G, hi = (b->ptr + b->size - a->base) / G;
+    if (hi < lo + minrun) continue;
+    for (size_t p = lo; p < hi && got < n; p++) homes[got++] = (uint32_t)p;
+  }
+  if (got < n) {
+    size_t need = n - got;
+    sb_block* t = a->last;
+    size_t tail_pages = 0;
+    if (t && t->kind == K_FREE && tag_ok(t, slot)) {
+      uint64_t first = (t->ptr - a->base + G - 1) / G;
+      tail_pages = (t->ptr + t->size - a->base) / G - first;
+    }
+    if (tail_pages < need) {
+      stash_status_t st = arena_grow(h, a, need - tail_pages, slot);
+      if (st != STASH_OK) return st;
+    }
+    t = a->last;
+    size_t first = (t->ptr - a->base + G - 1) / G;
+    for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
+  }
+  /* ascending, for runs */
+  for (size_t i = 1; i < n; i++) {
+    uint32_t v = homes[i];
+    size_t j = i;
+    while (j > 0 && homes[j - 1] > v) {
+      homes[j] = homes[j - 1];
+      j--;
+    }
+    homes[j] = v;
+  }
+  return STASH_OK;
+}
+
+/* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
+ * free, else a new one. */
+static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
+                                   sb_stitch** out) {
+  sb_state* s = S(h);
+  size_t n = (size + G - 1) / G;
+  sb_stitch* best = NULL;
+  for (sb_stitch* st = s->stitches; st; st = st->next_st) {
+    if (st->user || st->npages < n || st->npages * G > 2 * size + G) continue;
+    if (best && st->npages >= best->npages) continue;
+    if (stitch_available(h, st, slot)) best = st;
+  }
+  if (best) {
+    stash_status_t r = stitch_lend(h, best);
+    if (r != STASH_OK) return r;
+    *out = best;
+    return STASH_OK;
+  }
+  sb_stitch* st = calloc(1, sizeof *st);
+  uint32_t* homes = malloc(n * sizeof *homes);
+  if (!st || !homes) {
+    free(st);
+    free(homes);
+    return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  }
+  st->homes = homes;
+  st->npages = n;
+  st->page = G;
+  stash_status_t r = STASH_OK;
+  if (s->stitch_va + n * G > s->stitch_va_end) {
+    size_t span = round_up(4 * h->device_total, G);
+    if (span < 2 * n * G) span = round_up(2 * n * G, G);
+    r = va_reserve(h, span, &s->stitch_va);
+    if (r == STASH_OK) s->stitch_va_end = s->stitch_va + span;
+  }
+  if (r == STASH_OK) r = stitch_pick(h, slot, n, homes);
+  if (r == STASH_OK) {
+    st->va = s->stitch_va;
+    s->stitch_va += n * G + G; /* taken even if mapping fails: a failed unmap may hold it */
+    r = stitch_map(h, st);
+  }
+  if (r == STASH_OK) {
+    r = stitch_lend(h, st);
+    if (r != STASH_OK && PCALL(h, unmap, h->device, st->va, n * G) != STASH_OK)
+      zombie_add(h, st->va, n * G, 0);
+  }
+  if (r != STASH_OK) {
+    /* Pages picked from holes are still free; a mapping made is undone by stitch_map. */
+    free(homes);
+    free(st);
+    return r;
+  }
+  st->next_st = s->stitches;
+  if (s->stitches) s->stitches->prev_st = st;
+  s->stitches = st;
+  h->stats.num_device_alloc++;
+  *out = st;
+  return STASH_OK;
+}
+
+/* ---- Allocation and free ---------------------------------------------------------------------- */
+
+static stash_status_t release_cache(stash_heap_t* h);
+
+/* One attempt: a cached block, a stitched block, or a grown arena. */
+static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
+  sb_state* s = S(h);
+  sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
+  sb_block* b = best_fit(a, size, slot);
+  if (!b && !a->small && size >= kStitchMin) {
+    sb_block* ub = block_new(s);
+    if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    sb_stitch* st = NULL;
+    stash_status_t r = stitch_alloc(h, size, slot, &st);
+    if (r != STASH_OK) {
+      block_delete(s, ub);
+      return r;
+    }
+    ub->kind = K_USER;
+    ub->ptr = st->va;
+    ub->size = size;
+    ub->stitch = st;
+    st->user = ub;
+    *out = ub;
+    return STASH_OK;
+  }
+  if (!b) {
+    size_t tail = free_tail(a, slot);
+    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot);
+    if (r != STASH_OK) return r;
+    b = best_fit(a, size, slot);
+    if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
+  }
+  sb_block* pre = block_new(s);
+  sb_block* post = block_new(s);
+  if (!pre || !post) {
+    if (pre) block_delete(s, pre);
+    if (post) block_delete(s, post);
+    return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  }
+  *out = carve(s, b, b->ptr, size, pre, post);
+  (*out)->kind = K_USER;
+  return STASH_OK;
+}
+
+static size_t largest_free(sb_state* s) {
+  size_t best = 0;
+  for (int i = 0; i < 2; i++) {
+    for (size_t k = 0; k <= s->nstreams; k++) {
+      if (!s->arenas[i].by_size) break;
+      bs_node_t* n = _stash_bs_last(&s->arenas[i].by_size[k]);
+      if (n && FROM_SNODE(n)->size > best) best = FROM_SNODE(n)->size;
+    }
+  }
+  return best;
+}
+
+static stash_status_t report_oom(stash_heap_t* h, size_t orig) {
+  h->stats.num_ooms++;
+  size_t dev_free = 0, dev_total = 0;
+  bool info = PCALL(h, mem_info, h->device, &dev_free, &dev_total) == STASH_OK;
+  char req[32], tot[32], fre[32], al[32], cached[32], largest[32], allowed[96] = "";
+  _stash_format_size(orig, req, sizeof req);
+  _stash_format_size(dev_total, tot, sizeof tot);
+  _stash_format_size(dev_free, fre, sizeof fre);
+  int64_t a = h->stats.allocated_bytes[STASH_STAT_ALL].current;
+  int64_t r = h->stats.reserved_bytes[STASH_STAT_ALL].current;
+  _stash_format_size((size_t)a, al, sizeof al);
+  _stash_format_size(r > a ? (size_t)(r - a) : 0, cached, sizeof cached);
+  _stash_format_size(largest_free(S(h)), largest, sizeof largest);
+  if (h->has_limit) {
+    char lim[32];
+    _stash_format_size(h->allowed_max, lim, sizeof lim);
+    snprintf(allowed, sizeof allowed, " The memory fraction allows this heap %s.", lim);
+  }
+  char dev[128];
+  if (info)
+    snprintf(dev, sizeof dev, "Device %d has a total capacity of %s of which %s is free.",
+             h->device, tot, fre);
+  else
+    snprintf(dev, sizeof dev, "Device %d's free memory is unknown (mem_info failed).", h->device);
+  return _stash_error(STASH_ERR_OOM,
+                      "out of memory: tried to allocate %s (%zu bytes requested). %s%s Of its "
+                      "memory, this heap has %s allocated and %s reserved but unallocated; its "
+                      "largest free block is %s.",
+                      req, orig, dev, allowed, al, cached, largest);
+}
+
+static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint64_t* out) {
+  sb_state* s = S(h);
+  if (orig >= kOneExaByte) {
+    h->stats.num_ooms++;
+    char req[32];
+    _stash_format_size(orig, req, sizeof req);
+    return _stash_error(STASH_ERR_OOM, "out of memory: tried to allocate %s (%zu bytes), more "
+                        "than 1 EiB", req, orig);
+  }
+  if (_stash_ptrmap_reserve(&s->allocated, 1) != STASH_OK)
+    return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  stash_status_t st = _stash_events_poll(h, &s->events, false, event_done);
+  if (st != STASH_OK) return st;
+  uint32_t slot = 0;
+  st = stream_slot(h, stream, &slot);
+  if (st != STASH_OK) return st;
+  st = close_epochs(h, slot);
+  if (st != STASH_OK) return st;
+  size_t size = orig < kMinBlock ? kMinBlock : round_up(orig, kMinBlock);
+  sb_block* b = NULL;
+  st = try_alloc(h, size, slot, &b);
+  if (st == STASH_ERR_OOM) {
+    h->stats.num_alloc_retries++;
+    st = release_cache(h);
+    if (st == STASH_OK) st = try_alloc(h, size, slot, &b);
+    if (st == STASH_ERR_OOM) return report_oom(h, orig);
+  }
+  if (st != STASH_OK) return st;
+  b->requested = orig;
+  b->stream = stream;
+  b->allocated = true;
+  bool small = block_small(b);
+  stat_inc(h->stats.allocation, small, 1);
+  stat_inc(h->stats.allocated_bytes, small, b->size);
+  stat_inc(h->stats.active, small, 1);
+  stat_inc(h->stats.active_bytes, small, b->size);
+  stat_inc(h->stats.requested_bytes, small, orig);
+  _stash_ptrmap_put(&s->allocated, b->ptr, b); /* room reserved above */
+  *out = b->ptr;
+  return STASH_OK;
+}
+
+/* A freed block's uses are over: its memory goes back to the arena (or the stitched range
+ * is free again), tagged with its stream until that stream's next epoch completes. */
+static void user_free_complete(stash_heap_t* h, sb_block* b) {
+  sb_state* s = S(h);
+  bool small = block_small(b);
+  stat_dec(h->stats.active, small, 1);
+  stat_dec(h->stats.active_bytes, small, b->size);
+  stat_dec(h->stats.requested_bytes, small, b->requested);
+  uint32_t slot = 0;
+  for (size_t k = 1; k <= s->nstreams; k++) {
+    if (s->streams[k].stream == b->stream) slot = (uint32_t)k;
+  }
+  sb_stream* sst = &s->streams[slot];
+  uint64_t epoch = sst->epoch_next;
+  sst->dirty = true;
+  if (b->stitch) {
+    sb_stitch* st = b->stitch;
+    st->user = NULL;
+    stitch_return(h, st, slot, epoch);
+    block_delete(s, b);
+    return;
+  }
+  b->kind = K_FREE;
+  b->allocated = false;
+  b->requested = 0;
+  b->tag = slot;
+  b->epoch = epoch;
+  free(b->uses);
+  b->uses = NULL;
+  b->nuses = b->cap_uses = 0;
+  free_coalesce(s, b);
+}
+
+static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
+  sb_state* s = S(h);
+  sb_block* b = _stash_ptrmap_get(&s->allocated, ptr);
+  if (!b)
+    return _stash_error(STASH_ERR_BAD_POINTER,
+                        "free: 0x%" PRIx64 " is not a live allocation of this heap (never "
+                        "allocated here, already freed, or not the start of a block)",
+                        ptr);
+  if (b->nuses) {
+    stash_status_t st = _stash_events_record(h, &s->events, b->uses, b->nuses, b);
+    if (st != STASH_OK) return st;
+    b->event_count += (int)b->nuses;
+    b->nuses = 0;
+  }
+  _stash_ptrmap_take(&s->allocated, ptr);
+  b->allocated = false;
+  bool small = block_small(b);
+  stat_dec(h->stats.allocation, small, 1);
+  stat_dec(h->stats.allocated_bytes, small, b->size);
+  if (b->event_count == 0) user_free_complete(h, b);
+  return STASH_OK;
+}
+
+static stash_status_t sb_record_stream(stash_heap_t* h, uint64_t ptr, void* stream) {
+  sb_block* b = _stash_ptrmap_get(&S(h)->allocated, ptr);
+  if (!b)
+    return _stash_error(STASH_ERR_BAD_POINTER,
+                        "record_stream: 0x%" PRIx64 " is not a live allocation of this heap",
+                        ptr);
+  if (stream == b->stream) return STASH_OK;
+  for (uint32_t i = 0; i < b->nuses; i++) {
+    if (b->uses[i] == stream) return STASH_OK;
+  }
+  if (b->nuses == b->cap_uses) {
+    uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 2;
+    void** v = realloc(b->uses, cap * sizeof *v);
+    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "record_stream: out of host memory");
+    b->uses = v;
+    b->cap_uses = cap;
+  }
+  b->uses[b->nuses++] = stream;
+  return STASH_OK;
+}
+
+/* Wait for pending frees, unmap free stitched ranges, give back the free ends of arenas. */
+static stash_status_t release_cache(stash_heap_t* h) {
+  sb_state* s = S(h);
+  h->stats.num_sync_all_streams++;
+  stash_status_t st = _stash_events_poll(h, &s->events, true, event_done);
+  if (st != STASH_OK) return st;
+  /* Blocks still tagged were freed on their stream after its last completed epoch: wait
+   * for that stream (unmapping does not wait for the GPU), then they are free for all. */
+  stash_status_t first = STASH_OK;
+  for (size_t k = 1; k <= s->nstreams; k++) {
+    if (!s->streams[k].thead) continue;
+    stash_status_t r = PCALL(h, stream_synchronize, h->device, s->streams[k].stream);
+    if (r != STASH_OK) {
+      if (first == STASH_OK) first = prov_fail(h, r, "synchronize a stream");
+      continue; /* its blocks stay tagged, and so in use by that stream only */
+    }
+    epoch_done(h, (uint32_t)k, UINT64_MAX >> 24);
+  }
+  for (sb_stitch* x = s->stitches; x;) {
+    sb_stitch* next = x->next_st;
+    if (!x->user) {
+      stash_status_t r = stitch_release(h, x);
+      if (r != STASH_OK && first == STASH_OK) first = r;
+    }
+    x = next;
+  }
+  for (int i = 0; i < 2; i++) {
+    stash_status_t r = arena_revive(h, &s->arenas[i]);
+    if (r != STASH_OK && first == STASH_OK) first = r;
+    r = arena_shrink(h, &s->arenas[i]);
+    if (r != STASH_OK && first == STASH_OK) first = r;
+  }
+  stash_status_t r = zombies_release(h);
+  if (r != STASH_OK && first == STASH_OK) first = r;
+  return first;
+}
+
+static stash_status_t sb_empty_cache(stash_heap_t* h) { return release_cache(h); }
+
+/* ---- Lifetime ----------------------------------------------------------------------------- */
+
+static stash_status_t sb_create(stash_heap_t* h) {
+  sb_state* s = calloc(1, sizeof *s);
+  if (!s) return _stash_error(STASH_ERR_HOST_OOM, "stash_heap_create: out of host memory");
+  s->cap_streams = 4;
+  s->streams = calloc(s->cap_streams, sizeof *s->streams);
+  for (int i = 0; i < 2; i++) {
+    s->arenas[i].small = i == 0;
+    s->arenas[i].grow_bytes = i == 0 ? kSmallGrowBytes : kLargeGrowBytes;
+    _stash_bs_init(&s->arenas[i].by_addr, cmp_addr);
+    s->arenas[i].by_size = malloc(s->cap_streams * sizeof(blockset_t));
+  }
+  if (!s->streams || !s->arenas[0].by_size || !s->arenas[1].by_size) {
+    free(s->streams);
+    free(s->arenas[0].by_size);
+    free(s->arenas[1].by_size);
+    free(s);
+    return _stash_error(STASH_ERR_HOST_OOM, "stash_heap_create: out of host memory");
+  }
+  for (int i = 0; i < 2; i++)
+    for (size_t k = 0; k < s->cap_streams; k++) _stash_bs_init(&s->arenas[i].by_size[k], cmp_size);
+  _stash_slab_init(&s->block_slab, sizeof(sb_block));
+  _stash_ptrmap_init(&s->allocated);
+  h->policy_state = s;
+  return STASH_OK;
+}
+
+static stash_status_t sb_destroy(stash_heap_t* h) {
+  sb_state* s = S(h);
+  stash_status_t first = STASH_OK;
+#define KEEP(x)                                          \
+  do {                                                   \
+    stash_status_t r_ = (x);                             \
+    if (r_ != STASH_OK && first == STASH_OK) first = r_; \
+  } while (0)
+  KEEP(_stash_events_destroy(h, &s->events));
+  KEEP(zombies_release(h));
+  free(s->zombies);
+  for (sb_stitch* x = s->stitches; x;) {
+    sb_stitch* next = x->next_st;
+    KEEP(PCALL(h, unmap, h->device, x->va, x->npages * G));
+    free(x->homes);
+    free(x);
+    x = next;
+  }
+  for (int i = 0; i < 2; i++) {
+    sb_arena* a = &s->arenas[i];
+    if (a->mapped) KEEP(PCALL(h, unmap, h->device, a->base, a->mapped));
+    for (size_t k = 0; k < a->nhandles; k++) KEEP(PCALL(h, phys_release, h->device, a->handles[k].handle));
+    free(a->handles);
+    free(a->by_size);
+  }
+  for (size_t i = 0; i < s->nva_ranges; i += 2)
+    KEEP(PCALL(h, va_free, h->device, s->va_ranges[i], s->va_ranges[i + 1]));
+#undef KEEP
+  if (first != STASH_OK) first = prov_fail(h, first, "give memory back while destroying the heap");
+  for (int i = 0; i < 2; i++) {
+    for (sb_block* b = s->arenas[i].first; b; b = b->next) free(b->uses);
+  }
+  free(s->va_ranges);
+  free(s->streams);
+  _stash_ptrmap_free(&s->allocated);
+  _stash_slab_destroy(&s->block_slab);
+  free(s);
+  h->policy_state = NULL;
+  return first;
+}
+
+/* ---- Introspection -------------------------------------------------------------------------- */
+
+static stash_block_state_t state_of(const sb_block* b) {
+  if (b->kind == K_FREE) return STASH_BLOCK_FREE;
+  if (b->kind == K_PHANTOM) return STASH_BLOCK_LENT;
+  if (b->kind == K_DEAD) return STASH_BLOCK_UNMAPPED; /* no usable memory behind it */
+  return b->allocated ? STASH_BLOCK_ALLOCATED : STASH_BLOCK_PENDING_FREE;
+}
+
+typedef struct sb_seg_ref_s { /* a segment to visit: an arena or a stitched range */
+  uint64_t address;
+  sb_arena* arena;
+  sb_stitch* stitch;
+} sb_seg_ref;
+
+static int cmp_seg_ref(const void* a, const void* b) {
+  return cmp_u64(((const sb_seg_ref*)a)->address, ((const sb_seg_ref*)b)->address);
+}
+
+/* An arena's blocks as they are; a stitched range as its user block (if any) and the rest
+ * of its pages (ALIAS: their memory is counted where it is LENT, in the large arena). */
+static int visit_one(const sb_seg_ref* r, stash_visit_fn fn, void* arg,
+                     stash_block_info_t** infos, size_t* cap, stash_status_t* st) {
+  if (r->arena) {
+    sb_arena* a = r->arena;
+    size_t n = 0;
+    for (sb_block* b = a->first; b; b = b->next) n++;
+    if (n > *cap) {
+      stash_block_info_t* v = realloc(*infos, n * sizeof *v);
+      if (!v) {
+        *st = _stash_error(STASH_ERR_HOST_OOM, "stash_heap_visit: out of host memory");
+        return 1;
+      }
+      *infos = v;
+      *cap = n;
+    }
+    size_t k = 0;
+    for (sb_block* b = a->first; b; b = b->next, k++) {
+      (*infos)[k] = (stash_block_info_t){(uintptr_t)b->ptr, b->size, b->requested,
+                                         state_of(b), b->stream};
+    }
+    stash_segment_info_t si = {(uintptr_t)a->base, a->mapped, a->mapped, a->small, true, NULL, n};
+    return fn(&si, *infos, arg);
+  }
+  sb_stitch* x = r->stitch;
+  stash_block_info_t bi[2];
+  size_t n = 0, span = x->npages * x->page;
+  if (x->user) {
+    bi[n++] = (stash_block_info_t){(uintptr_t)x->va, x->user->size, x->user->requested,
+                                   state_of(x->user), x->user->stream};
+    if (x->user->size < span)
+      bi[n++] = (stash_block_info_t){(uintptr_t)(x->va + x->user->size), span - x->user->size,
+                                     0, STASH_BLOCK_ALIAS, NULL};
+  } else {
+    bi[n++] = (stash_block_info_t){(uintptr_t)x->va, span, 0, STASH_BLOCK_ALIAS, NULL};
+  }
+  stash_segment_info_t si = {(uintptr_t)x->va, span, 0, false, true,
+                             x->user ? x->user->stream : NULL, n};
+  return fn(&si, bi, arg);
+}
+
+static stash_status_t sb_visit(stash_heap_t* h, stash_visit_fn fn, void* arg) {
+  sb_state* s = S(h);
+  size_t n = 2;
+  for (sb_stitch* x = s->stitches; x; x = x->next_st) n++;
+  sb_seg_ref* refs = malloc(n * sizeof *refs);
+  if (!refs) return _stash_error(STASH_ERR_HOST_OOM, "stash_heap_visit: out of host memory");
+  size_t k = 0;
+  for (int i = 0; i < 2; i++) {
+    if (s->arenas[i].mapped) refs[k++] = (sb_seg_ref){s->arenas[i].base, &s->arenas[i], NULL};
+  }
+  for (sb_stitch* x = s->stitches; x; x = x->next_st) refs[k++] = (sb_seg_ref){x->va, NULL, x};
+  qsort(refs, k, sizeof *refs, cmp_seg_ref);
+  stash_block_info_t* infos = NULL;
+  size_t cap = 0;
+  stash_status_t st = STASH_OK;
+  for (size_t i = 0; i < k; i++) {
+    if (visit_one(&refs[i], fn, arg, &infos, &cap, &st)) break;
+  }
+  free(infos);
+  free(refs);
+  return st;
+}
+
+#define FAIL(...) return _stash_error(STASH_ERR_INVALID, "heap check: " __VA_ARGS__)
+
+static void pending_ok(void* item, void* arg) {
+  if ((uintptr_t)item & 1) return; /* an epoch marker */
+  const sb_block* b = item;
+  if (b->kind != K_USER || b->allocated || b->event_count <= 0) *(int*)arg = 1;
+}
+
+static stash_status_t sb_check(stash_heap_t* h) {
+  sb_state* s = S(h);
+  int64_t alloc_n[3] = {0}, alloc_b[3] = {0}, active_n[3] = {0}, active_b[3] = {0};
+  int64_t req_b[3] = {0}, seg_n[3] = {0}, res_b[3] = {0};
+  size_t live = 0, total = 0;
+  for (int i = 0; i < 2; i++) {
+    sb_arena* a = &s->arenas[i];
+    int t = a->small ? STASH_STAT_SMALL : STASH_STAT_LARGE;
+    if (!_stash_bs_valid(&a->by_addr)) FAIL("an address tree is malformed");
+    size_t nfree = 0, nsize = 0;
+    for (size_t k = 0; k <= s->nstreams; k++) {
+      if (!_stash_bs_valid(&a->by_size[k])) FAIL("a size tree is malformed");
+      nsize += a->by_size[k].count;
+    }
+    size_t pages = 0;
+    for (size_t k = 0; k < a->nhandles; k++) {
+      if (a->handles[k].first_page != pages) FAIL("physical allocations do not tile an arena");
+      pages += a->handles[k].npages;
+    }
+    if (pages * G != a->mapped) FAIL("an arena's mapped size disagrees with its memory");
+    seg_n[t] += (int64_t)a->nhandles;
+    res_b[t] += (int64_t)a->mapped;
+    total += a->mapped;
+    uint64_t expect = a->base;
+    for (sb_block* b = a->first; b; b = b->next) {
+      if (b->ptr != expect || !b->size || b->arena != a) FAIL("blocks do not tile an arena at 0x%" PRIx64, expect);
+      if (b->ptr % kMinBlock || b->size % kMinBlock) FAIL("an unaligned block");
+      if (b->next && b->next->prev != b) FAIL("broken links");
+      expect += b->size;
+      if (b->kind == K_FREE) {
+        nfree++;
+        if (b->tag > s->nstreams) FAIL("a bad tag");
+        if (free_containing(a, b->ptr, b->size) != b) FAIL("a free block is not in the address tree");
+        if (b->prev && b->prev->kind == K_FREE && tags_merge(b->tag, b->prev->tag))
+          FAIL("free neighbours not merged at 0x%" PRIx64, b->ptr);
+      } else if (b->kind == K_DEAD) {
+        /* held, not usable: counted in reserved only */
+      } else if (b->kind == K_PHANTOM) {
+        if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
+      } else {
+        active_n[t]++;
+        active_b[t] += (int64_t)b->size;
+        req_b[t] += (int64_t)b->requested;
+        if (b->allocated) {
+          alloc_n[t]++;
+          alloc_b[t] += (int64_t)b->size;
+          live++;
+          if (_stash_ptrmap_get(&s->allocated, b->ptr) != b) FAIL("a live block is not in the map");
+        }
+      }
+    }
+    if (expect != a->base + a->mapped) FAIL("blocks do not span an arena");
+    if (a->last && a->last->next) FAIL("an arena's last block is not last");
+    if (nfree != a->by_addr.count || nfree != nsize) FAIL("the free sets are out of date");
+  }
+  for (sb_stitch* x = s->stitches; x; x = x->next_st) {
+    for (size_t i = 1; i < x->npages; i++)
+      if (x->homes[i] <= x->homes[i - 1]) FAIL("a stitched range's pages are not ascending");
+    if (x->user) {
+      sb_block* u = x->user;
+      if (u->kind != K_USER || u->stitch != x || u->size > x->npages * G) FAIL("a bad stitched block");
+      active_n[STASH_STAT_LARGE]++;
+      active_b[STASH_STAT_LARGE] += (int64_t)u->size;
+      req_b[STASH_STAT_LARGE] += (int64_t)u->requested;
+      if (u->allocated) {
+        alloc_n[STASH_STAT_LARGE]++;
+        alloc_b[STASH_STAT_LARGE] += (int64_t)u->size;
+        live++;
+        if (_stash_ptrmap_get(&s->allocated, u->ptr) != u) FAIL("a live block is not in the map");
+      }
+      /* each home page lies in one of its phantoms */
+      sb_arena* a = &s->arenas[1];
+      for (size_t i = 0; i < x->npages; i++) {
+        uint64_t at = a->base + (uint64_t)x->homes[i] * G;
+        bool found = false;
+        for (sb_block* b = a->first; b && !found; b = b->next)
+          found = b->kind == K_PHANTOM && b->stitch == x && b->ptr <= at && at + G <= b->ptr + b->size;
+        if (!found) FAIL("a lent page is not carved out of the arena");
+      }
+    }
+  }
+  if (live != s->allocated.count) FAIL("the address map holds stale entries");
+  if (total != h->total_reserved) FAIL("total reserved %zu != %zu", h->total_reserved, total);
+  const stash_stats_t* st = &h->stats;
+  const stash_stat_t* arr[7] = {st->allocation, st->allocated_bytes, st->active, st->active_bytes,
+                                st->requested_bytes, st->segment, st->reserved_bytes};
+  const int64_t* want[7] = {alloc_n, alloc_b, active_n, active_b, req_b, seg_n, res_b};
+  static const char* const names[7] = {"allocation", "allocated_bytes", "active", "active_bytes",
+                                       "requested_bytes", "segment", "reserved_bytes"};
+  for (int k = 0; k < 7; k++) {
+    for (int t = 1; t < 3; t++) {
+      if (arr[k][t].current != want[k][t])
+        FAIL("%s.%s.current is %" PRId64 ", the blocks say %" PRId64, names[k],
+             t == 1 ? "small_pool" : "large_pool", arr[k][t].current, want[k][t]);
+    }
+    if (arr[k][0].current != want[k][1] + want[k][2]) FAIL("%s.all is not the sum of the pools", names[k]);
+  }
+  int bad = 0;
+  _stash_events_foreach(&s->events, pending_ok, &bad);
+  if (bad) FAIL("an event waits on a block that is not pending");
+  return STASH_OK;
+}
+
+const stash_policy_ops_t _stash_policy_stash = {
+    .name = "stash",
+    .create = sb_create,
+    .destroy = sb_destroy,
+    .alloc = sb_alloc,
+    .free = sb_free,
+    .record_stream = sb_record_stream,
+    .empty_cache = sb_empty_cache,
+    .visit = sb_visit,
+    .check = sb_check,
+};
