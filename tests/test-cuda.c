@@ -80,7 +80,7 @@ static int verify(const live_t* l) {
   return 1;
 }
 
-static void patterns(const char* conf) {
+static void patterns(const char* conf, bool big) {
   stash_heap_t* h = open_heap(conf);
   if (!h) return;
   CUstream s[2];
@@ -109,6 +109,8 @@ static void patterns(const char* conf) {
         case 2: size = 2 * MiB + (rng >> 24) % (28 * MiB); break;
         default: size = 40 * MiB + (rng >> 24) % (80 * MiB); break;
       }
+      /* policy:stash serves requests >= 256 MiB from stitched ranges: some of those too */
+      if (big && (rng >> 44) % 16 == 0) size = 256 * MiB + (rng >> 24) % (200 * MiB);
       l->stream = s[(rng >> 40) & 1];
       if (stash_heap_alloc(h, size, l->stream, &l->p) != STASH_OK) {
         CHECK(!"allocation");
@@ -144,13 +146,14 @@ static void patterns(const char* conf) {
   stream_destroy(s[1]);
 }
 
-TEST(patterns_plain) { patterns("policy:pytorch"); }
-TEST(patterns_expandable) { patterns("policy:pytorch,expandable_segments:True"); }
+TEST(patterns_stash) { patterns("policy:stash", true); }
+TEST(patterns_plain) { patterns("policy:pytorch", false); }
+TEST(patterns_expandable) { patterns("policy:pytorch,expandable_segments:True", false); }
 
 /* ---- record_stream ----------------------------------------------------------------------- */
 
-TEST(record_stream_waits_for_the_other_stream) {
-  stash_heap_t* h = open_heap("policy:pytorch");
+static void record_stream_waits(const char* conf) {
+  stash_heap_t* h = open_heap(conf);
   if (!h) return;
   CUstream s1, s2;
   stream_create(&s1, CU_STREAM_NON_BLOCKING);
@@ -183,6 +186,11 @@ TEST(record_stream_waits_for_the_other_stream) {
   CHECK_OK(stash_heap_destroy(h));
   stream_destroy(s1);
   stream_destroy(s2);
+}
+
+TEST(record_stream_waits_for_the_other_stream) {
+  record_stream_waits("policy:pytorch");
+  record_stream_waits("policy:stash"); /* x is a stitched range there */
 }
 
 /* ---- out of memory ----------------------------------------------------------------------- */
@@ -221,6 +229,46 @@ TEST(out_of_memory_frees_the_cache_and_recovers) {
   CHECK_OK(stash_heap_destroy(h));
 }
 
+/* policy:stash: the request for 60% is served from two holes of 30% - stitched, with no
+ * new memory and no cache release - and the memory is usable; more than the card has is
+ * refused after the cache is released, and the heap keeps working. */
+TEST(stash_stitches_holes_on_the_gpu) {
+  stash_heap_t* h = open_heap("policy:stash");
+  if (!h) return;
+  size_t free0 = 0, total = 0;
+  CHECK_OK(stash_heap_mem_get_info(h, &free0, &total));
+  void* p = (void*)1;
+  CHECK_EQ(stash_heap_alloc(h, total + GiB, NULL, &p), STASH_ERR_OOM);
+  CHECK(p == NULL);
+  CHECK_STR_CONTAINS(stash_last_error(), "out of memory");
+  CHECK_EQ(stats_of(h).num_alloc_retries, 1);
+  size_t chunk = free0 / 10 * 3 / (2 * MiB) * (2 * MiB);
+  void *a = NULL, *sep = NULL, *b = NULL, *c = NULL;
+  CHECK_OK(stash_heap_alloc(h, chunk, NULL, &a));
+  CHECK_OK(stash_heap_alloc(h, 30 * MiB, NULL, &sep));
+  CHECK_OK(stash_heap_alloc(h, chunk, NULL, &b));
+  CHECK_OK(stash_heap_free(h, a));
+  CHECK_OK(stash_heap_free(h, b));
+  int64_t reserved = stats_of(h).reserved_bytes[0].current;
+  CHECK_OK(stash_heap_alloc(h, 2 * chunk, NULL, &c));
+  stash_stats_t st = stats_of(h);
+  CHECK(c != NULL);
+  CHECK_EQ(st.num_alloc_retries, 1);                    /* no release was needed */
+  CHECK(st.reserved_bytes[0].current <= reserved + (int64_t)(40 * MiB)); /* ~no new memory */
+  live_t l = {c, 2 * chunk, 0x5717C4EDu, NULL};
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)c, l.pattern, l.size / 4, NULL), CUDA_SUCCESS);
+  live_t ls = {sep, 30 * MiB, 0x0BADF00Du, NULL};
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)sep, ls.pattern, ls.size / 4, NULL), CUDA_SUCCESS);
+  CHECK(verify(&l));
+  CHECK(verify(&ls)); /* the live block between the holes is untouched */
+  fprintf(stderr, "  60%% of the card (%zu bytes) from two holes: reserved %lld -> %lld\n",
+          2 * chunk, (long long)reserved, (long long)st.reserved_bytes[0].current);
+  CHECK_OK(stash_heap_free(h, c));
+  CHECK_OK(stash_heap_free(h, sep));
+  CHECK_OK(stash_heap_check(h));
+  CHECK_OK(stash_heap_destroy(h));
+}
+
 /* ---- driver errors ----------------------------------------------------------------------- */
 
 TEST(driver_errors_name_the_call_and_the_error) {
@@ -237,7 +285,7 @@ TEST(driver_errors_name_the_call_and_the_error) {
   CHECK_EQ(stash_heap_create(NULL, g_cuda, n, &h), STASH_ERR_INVALID);
   CHECK_STR_CONTAINS(stash_last_error(), "does not exist");
   /* Through a heap, a driver error reaches the caller with the driver's words. */
-  stash_heap_t* heap = open_heap("policy:pytorch");
+  stash_heap_t* heap = open_heap("policy:stash");
   if (!heap) return;
   CHECK_EQ(stash_heap_free(heap, (void*)0x10), STASH_ERR_BAD_POINTER); /* stash's own check */
   CHECK_OK(stash_heap_destroy(heap));
@@ -279,6 +327,7 @@ static void empty_cache_returns_memory(const char* conf) {
   CHECK_OK(stash_heap_destroy(h));
 }
 
+TEST(empty_cache_stash) { empty_cache_returns_memory("policy:stash"); }
 TEST(empty_cache_plain) { empty_cache_returns_memory("policy:pytorch"); }
 TEST(empty_cache_expandable) {
   empty_cache_returns_memory("policy:pytorch,expandable_segments:True");
@@ -303,12 +352,15 @@ int main(void) {
     return 1;
   }
   g_host = malloc(SAMPLE);
-  RUN(empty_cache_plain); /* first: before other tests' frees are in flight */
+  RUN(empty_cache_stash); /* first: before other tests' frees are in flight */
+  RUN(empty_cache_plain);
   RUN(empty_cache_expandable);
+  RUN(patterns_stash);
   RUN(patterns_plain);
   RUN(patterns_expandable);
   RUN(record_stream_waits_for_the_other_stream);
   RUN(out_of_memory_frees_the_cache_and_recovers);
+  RUN(stash_stitches_holes_on_the_gpu);
   RUN(driver_errors_name_the_call_and_the_error);
   free(g_host);
   TEST_MAIN_END();

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the device machine (one H200): the GPU check of policy:stash. Builds stash, runs the
+# GPU tests (test-cuda: patterns through stitched ranges, record_stream, out of memory,
+# empty_cache measured by the driver), then replays the four traces under policy:stash
+# (and policy:pytorch, for comparison) on the GPU with --driver-check and on the simulated
+# device, and times the fast path there. Results go to $OUT/stash/.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+R=$OUT/stash
+mkdir -p "$R"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/machine.txt"
+lscpu | grep -E "Model name|^CPU\(s\)" >> "$R/machine.txt"
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$R/build.log" 2>&1 &&
+  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+build-gpu/tests/test-cuda > "$R/test-cuda.log" 2>&1
+echo "test-cuda: exit $?"
+cat "$R/test-cuda.log" | head -40
+: > "$R/replays.jsonl"
+for t in resnet50_train gpt2_train bert_varlen_train gpt2_sidestream_train; do
+  for c in policy:stash policy:pytorch; do
+    build-gpu/stash-replay --json --provider cuda --driver-check --conf "$c" "data/traces/$t.csv.gz" >> "$R/replays.jsonl"
+    build-gpu/stash-replay --json --provider sim --conf "$c" "data/traces/$t.csv.gz" >> "$R/replays.jsonl"
+  done
+done
+build-gpu/bench_replay --reps 7 --conf policy:stash --conf policy:pytorch \
+  --conf policy:pytorch,expandable_segments:True data/traces/*.csv.gz > "$R/bench.txt" 2>&1
+python3 - "$R/replays.jsonl" <<'PY' | tee "$R/summary.md"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("| trace | conf | provider | peak reserved | util | driver in use at peak | max gap | checks | ns/event |")
+print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print("| %s | %s | %s | %d | %.2f%% | %s | %s | %s | %.0f |" % (
+        r["trace"], r["conf"], r["provider"], r["peak_reserved_bytes"], 100 * r["utilization"],
+        r.get("driver_used_at_peak_bytes", "-"), r.get("driver_gap_max_bytes", "-"),
+        r.get("driver_checks", "-"), r["ns_per_event"]))
+PY
+cat "$R/bench.txt"
