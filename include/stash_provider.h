@@ -117,6 +117,11 @@ STASH_API stash_status_t stash_provider_error(stash_status_t status, const char*
  * cudaStream_t values. Thread-safe. */
 STASH_API stash_status_t stash_cuda_provider(const stash_provider_t** out);
 
+/* A CUDA stream (non-blocking) on `device`, for programs that have no CUDA runtime of their
+ * own (stash-replay, the tests); destroy it with stash_cuda_stream_destroy. */
+STASH_API stash_status_t stash_cuda_stream_create(int device, void** stream);
+STASH_API stash_status_t stash_cuda_stream_destroy(void* stream);
+
 /* ---- The simulated provider ------------------------------------------------------------ */
 
 typedef struct stash_sim_s stash_sim_t;
@@ -157,6 +162,8 @@ STASH_API void stash_sim_fail_random(stash_sim_t* sim, stash_provider_call_t cal
  * 14 plus 15.6 per further piece, ...; the table is in provider_sim.c and
  * docs/driver-costs.md). */
 STASH_API double stash_sim_modeled_us(const stash_sim_t* sim);
+/* The same for one kind of call (STASH_CALL_ANY: all). */
+STASH_API double stash_sim_modeled_us_of(const stash_sim_t* sim, stash_provider_call_t call);
 
 /* Number of calls failed by injection so far. */
 STASH_API uint64_t stash_sim_injected(const stash_sim_t* sim);

@@ -35,13 +35,16 @@
 
 #include "internal.h"
 
+/* EXPERIMENT */
+static size_t xenv(const char* n, size_t d) { const char* v = getenv(n); return v ? (size_t)strtoull(v, NULL, 10) << 20 : d; }
 #define kMinBlock ((size_t)512)
 #define kSmallLimit ((size_t)1 << 20)    /* requests up to this go to the small arena */
-#define kSmallGrowBytes ((size_t)8 << 20)  /* the small arena grows by at least this */
-#define kLargeGrowBytes ((size_t)20 << 20) /* the large arena grows by at least this */
-#define kStitchMin ((size_t)256 << 20)   /* requests this large may be stitched */
-#define kStitchMinRun ((size_t)32 << 20) /* pages are taken only from holes this large */
+#define kSmallGrowBytes xenv("X_SG", (size_t)8 << 20)
+#define kLargeGrowBytes xenv("X_LG", (size_t)20 << 20)
+#define kStitchMin xenv("X_STITCHMIN", (size_t)256 << 20)
+#define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation */
 #define kOneExaByte ((size_t)1 << 60)
+#define kHandleMaxBytes xenv("X_HANDLE", (size_t)1 << 40)
 
 typedef struct sb_block_s sb_block;
 typedef struct sb_arena_s sb_arena;
@@ -108,6 +111,9 @@ struct sb_stitch_s {
   size_t page;        /* the page size (the heap's granularity) */
   uint32_t* homes;    /* large-arena page indices lent to it, ascending */
   sb_block* user;     /* the live (or pending) block using it, or NULL */
+  bool idle;          /* no user, but its pages are still lent to it (kept for reuse) */
+  uint32_t tag;       /* idle: the stream slot that freed it (0: any stream) */
+  uint64_t epoch;     /* idle: that stream's epoch at the free */
 };
 
 typedef struct sb_stream_s {
@@ -329,6 +335,9 @@ static void* epoch_marker(uint32_t slot, uint64_t epoch) {
 /* Epoch `epoch` of `slot` is over on the GPU: its blocks are free for every stream. */
 static void epoch_done(stash_heap_t* h, uint32_t slot, uint64_t epoch) {
   sb_state* s = S(h);
+  for (sb_stitch* x = s->stitches; x; x = x->next_st) {
+    if (x->idle && x->tag == slot && x->epoch <= epoch) x->tag = 0;
+  }
   sb_block* b = s->streams[slot].thead;
   while (b) {
     sb_block* next = b->tnext;
@@ -462,21 +471,26 @@ static size_t free_tail(const sb_arena* a, uint32_t slot) {
   return 0;
 }
 
-/* Map `pages` new pages at the arena's end (at least the arena's growth step when the
- * limit and the device allow it). */
+/* Map new memory at the arena's end: need_pages, or (unless `exact`) at least the arena's
+ * growth step when the limit and the device allow it. The memory is made of physical
+ * allocations of at most kHandleMaxBytes each (a stitched range maps whole allocations:
+ * the driver maps nothing smaller), mapped one by one and made accessible with one call. */
 static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages,
-                                 uint32_t slot) {
+                                 uint32_t slot, bool exact, size_t cap_bytes) {
   sb_state* s = S(h);
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
-  size_t step = a->grow_bytes / G;
+  size_t step = exact ? 0 : a->grow_bytes / G;
   size_t pages = need_pages > step ? need_pages : step;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) return STASH_ERR_OOM;
   if (a->mapped + pages * G > a->va_size)
     return _stash_error(STASH_ERR_OOM, "arena address range exhausted");
-  if (a->nhandles == a->cap_handles) {
-    size_t cap = a->cap_handles ? a->cap_handles * 2 : 32;
+  size_t max_pages = cap_bytes / G ? cap_bytes / G : 1;
+  size_t nh = (pages + max_pages - 1) / max_pages;
+  if (a->nhandles + nh > a->cap_handles) {
+    size_t cap = a->cap_handles ? a->cap_handles : 32;
+    while (cap < a->nhandles + nh) cap *= 2;
     sb_handle* v = realloc(a->handles, cap * sizeof *v);
     if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     a->handles = v;
@@ -484,35 +498,43 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   }
   sb_block* b = block_new(s);
   if (!b) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-  uint64_t handle = 0;
-  st = PCALL(h, phys_create, h->device, pages * G, &handle);
-  if (st == STASH_ERR_OOM && pages > need_pages) {
-    pages = need_pages; /* the step is a wish: try exactly what is needed */
-    st = PCALL(h, phys_create, h->device, pages * G, &handle);
-  }
-  if (st != STASH_OK) {
-    block_delete(s, b);
-    return st == STASH_ERR_OOM ? st : prov_fail(h, st, "create physical memory");
-  }
   uint64_t va = a->base + a->mapped;
-  st = PCALL(h, map, h->device, va, pages * G, handle, 0);
-  if (st != STASH_OK) {
-    st = prov_fail(h, st, "map physical memory");
-    goto undo_create;
+  size_t made = 0, mapped = 0, k = 0; /* pages created, pages mapped, handles */
+  sb_handle* hs = a->handles + a->nhandles; /* the new ones, recorded past the end for now */
+  while (made < pages) {
+    size_t np = pages - made < max_pages ? pages - made : max_pages;
+    if (exact && getenv("X_POW2")) { size_t q = 1; while (q * 2 <= np) q *= 2; np = q; }
+    uint64_t handle = 0;
+    st = PCALL(h, phys_create, h->device, np * G, &handle);
+    if (st == STASH_ERR_OOM && made == 0 && k == 0 && pages > need_pages) {
+      pages = need_pages; /* the step is a wish: try exactly what is needed */
+      nh = (pages + max_pages - 1) / max_pages;
+      continue;
+    }
+    if (st != STASH_OK) {
+      if (st != STASH_ERR_OOM) st = prov_fail(h, st, "create physical memory");
+      goto undo;
+    }
+    hs[k++] = (sb_handle){(a->mapped / G) + made, np, handle};
+    made += np;
+    st = PCALL(h, map, h->device, va + (made - np) * G, np * G, handle, 0);
+    if (st != STASH_OK) {
+      st = prov_fail(h, st, "map physical memory");
+      goto undo;
+    }
+    mapped = made;
   }
   bool dead = false;
   st = PCALL(h, set_access, h->device, va, pages * G);
   if (st != STASH_OK) {
     st = prov_fail(h, st, "set access to mapped memory");
-    if (PCALL(h, unmap, h->device, va, pages * G) == STASH_OK) goto undo_create;
-    /* Cannot even unmap: the memory joins the arena as dead, and empty_cache tries again
-     * to make it accessible. */
-    dead = true;
+    goto undo;
   }
-  a->handles[a->nhandles++] = (sb_handle){a->mapped / G, pages, handle};
+keep:
+  a->nhandles += k;
   a->mapped += pages * G;
   h->total_reserved += pages * G;
-  stat_inc(h->stats.segment, a->small, 1);
+  stat_inc(h->stats.segment, a->small, k);
   stat_inc(h->stats.reserved_bytes, a->small, pages * G);
   h->stats.num_device_alloc++;
   b->kind = K_FREE;
@@ -536,8 +558,22 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   if (dead) b->kind = K_DEAD;
   else free_coalesce(s, b);
   return st; /* STASH_OK, or the set_access error when the memory is dead */
-undo_create:
-  if (PCALL(h, phys_release, h->device, handle) != STASH_OK) zombie_add(h, 0, pages * G, handle);
+undo:
+  /* Unmap and release what was made, newest first. A mapping the driver will not undo
+   * keeps everything made so far in the arena, as dead memory that empty_cache retries. */
+  while (k > 0) {
+    sb_handle* x = &hs[k - 1];
+    size_t off = x->first_page - a->mapped / G;
+    if (off < mapped && PCALL(h, unmap, h->device, va + off * G, x->npages * G) != STASH_OK) {
+      pages = off + x->npages; /* handles [0, k) stay, as dead memory */
+      dead = true;
+      goto keep;
+    }
+    if (PCALL(h, phys_release, h->device, x->handle) != STASH_OK)
+      zombie_add(h, 0, x->npages * G, x->handle);
+    mapped = off < mapped ? off : mapped;
+    k--;
+  }
   block_delete(s, b);
   return st;
 }
@@ -685,6 +721,19 @@ static void stitch_return(stash_heap_t* h, sb_stitch* st, uint32_t tag, uint64_t
   }
 }
 
+/* Memory is wanted: the idle stitched ranges give their pages back to the arena (no driver
+ * call: the pages are mapped there all along). Returns whether any did. */
+static bool release_idle(stash_heap_t* h) {
+  bool any = false;
+  for (sb_stitch* x = S(h)->stitches; x; x = x->next_st) {
+    if (!x->idle) continue;
+    x->idle = false;
+    stitch_return(h, x, x->tag, x->epoch);
+    any = true;
+  }
+  return any;
+}
+
 /* Map st's home pages at st->va, one map call per run within one physical allocation. */
 static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
   sb_arena* a = &S(h)->arenas[1];
@@ -737,39 +786,61 @@ static stash_status_t stitch_release(stash_heap_t* h, sb_stitch* st) {
   return STASH_OK;
 }
 
-/* Choose whole free pages for a new stitched range of n pages: first from the largest
- * holes (not the arena's end) that hold at least kStitchMinRun of them, then from the free
- * end of the arena, grown as needed. */
+/* Take into homes (from *got on) the pages of the physical allocations lying wholly inside
+ * free block b, as long as they fit in n. */
+static void take_whole_handles(stash_heap_t* h, const sb_block* b, size_t n, uint32_t* homes,
+                               size_t* got) {
+  sb_arena* a = &S(h)->arenas[1];
+  size_t lo = (size_t)(b->ptr - a->base + G - 1) / G, hi = (size_t)(b->ptr + b->size - a->base) / G;
+  size_t i = 0, j = a->nhandles; /* the first handle starting at or after lo */
+  while (i < j) {
+    size_t m = (i + j) / 2;
+    if (a->handles[m].first_page < lo) i = m + 1;
+    else j = m;
+  }
+  for (; i < a->nhandles && *got < n; i++) {
+    const sb_handle* x = &a->handles[i];
+    if (x->first_page + x->npages > hi) break;
+    if (*got + x->npages > n) continue;
+    for (size_t p = 0; p < x->npages; p++) homes[(*got)++] = (uint32_t)(x->first_page + p);
+  }
+}
+
+/* Choose the pages of a new stitched range of n pages: whole free physical allocations of
+ * the large arena - in holes, largest hole first, then at its free end - and, for the
+ * rest, one new allocation of exactly the pages still missing. */
 static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, uint32_t* homes) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[1];
-  size_t got = 0, minrun = kStitchMinRun / G;
+  size_t got = 0;
   bs_node_t* it[2] = {_stash_bs_last(&a->by_size[0]),
                       slot ? _stash_bs_last(&a->by_size[slot]) : NULL};
   while (got < n && (it[0] || it[1])) {
     int w = !it[0] ? 1 : !it[1] ? 0 : (cmp_size(it[0], it[1]) > 0 ? 0 : 1);
     sb_block* b = FROM_SNODE(it[w]);
     it[w] = _stash_bs_prev(it[w]);
-    if (b->size < minrun * G) break; /* the rest are smaller */
-    if (b == a->last) continue;
-    size_t lo = (b->ptr - a->base + G - 1) / G, hi = (b->ptr + b->size - a->base) / G;
-    if (hi < lo + minrun) continue;
-    for (size_t p = lo; p < hi && got < n; p++) homes[got++] = (uint32_t)p;
+    if (b->size < kStitchMinRun) break; /* the rest are smaller */
+    if (b != a->last) take_whole_handles(h, b, n, homes, &got);
   }
+  sb_block* t = a->last;
+  if (got < n && t && t->kind == K_FREE && tag_ok(t, slot)) take_whole_handles(h, t, n, homes, &got);
+  if (getenv("X_DEBUG")) fprintf(stderr, "pick n=%zu got=%zu mapped=%zu\n", n, got, a->mapped / G);
+  if (getenv("X_DEBUG")) {
+    int shown = 0;
+    for (bs_node_t* x = _stash_bs_last(&a->by_size[slot]); x && shown < 5; x = _stash_bs_prev(x), shown++) {
+      sb_block* hb = FROM_SNODE(x);
+      size_t g2 = 0; uint32_t tmp[4096];
+      if (hb->size / G < 4096) take_whole_handles(h, hb, hb->size / G, tmp, &g2);
+      fprintf(stderr, "   hole %zu MiB at page %zu whole-handle pages %zu%s\n", hb->size >> 20, (size_t)(hb->ptr - a->base) / G, g2, hb == a->last ? " (tail)" : "");
+    }
+  }
+
+  if (getenv("X_MINFRAC") && got * xenv("X_MINFRAC", 0) < n << 20) return STASH_ERR_NOT_READY; /* too little to stitch: grow instead */
+  if (getenv("X_DEBUG")) fprintf(stderr, "stitch n=%zu from-handles=%zu grow=%zu tailfree=%zu mapped=%zu\n", n, got, n-got, (t && t->kind==K_FREE)? t->size/G : 0, a->mapped/G);
   if (got < n) {
-    size_t need = n - got;
-    sb_block* t = a->last;
-    size_t tail_pages = 0;
-    if (t && t->kind == K_FREE && tag_ok(t, slot)) {
-      uint64_t first = (t->ptr - a->base + G - 1) / G;
-      tail_pages = (t->ptr + t->size - a->base) / G - first;
-    }
-    if (tail_pages < need) {
-      stash_status_t st = arena_grow(h, a, need - tail_pages, slot);
-      if (st != STASH_OK) return st;
-    }
-    t = a->last;
-    size_t first = (t->ptr - a->base + G - 1) / G;
+    size_t first = a->mapped / G;
+    stash_status_t st = arena_grow(h, a, n - got, slot, true, xenv("X_REMCAP", SIZE_MAX));
+    if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
   /* ascending, for runs */
@@ -793,11 +864,24 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   size_t n = (size + G - 1) / G;
   sb_stitch* best = NULL;
   for (sb_stitch* st = s->stitches; st; st = st->next_st) {
-    if (st->user || st->npages < n || st->npages * G > 2 * size + G) continue;
+    if (!st->idle || (st->tag && st->tag != slot)) continue;
+    if (st->npages < n || st->npages * G * 100 > xenv("X_SLACK", (size_t)200 << 20) / (1 << 20) * size + 100 * G) continue;
+    if (!best || st->npages < best->npages) best = st;
+  }
+  if (best) {
+    if (getenv("X_DEBUG")) fprintf(stderr, "reuse-idle n=%zu range=%zu\n", n, best->npages);
+    best->idle = false;
+    *out = best;
+    return STASH_OK;
+  }
+  release_idle(h);
+  for (sb_stitch* st = s->stitches; st; st = st->next_st) {
+    if (st->user || st->idle || st->npages < n || st->npages * G * 100 > xenv("X_SLACK", (size_t)200 << 20) / (1 << 20) * size + 100 * G) continue;
     if (best && st->npages >= best->npages) continue;
     if (stitch_available(h, st, slot)) best = st;
   }
   if (best) {
+    if (getenv("X_DEBUG")) fprintf(stderr, "reuse n=%zu range=%zu\n", n, best->npages);
     stash_status_t r = stitch_lend(h, best);
     if (r != STASH_OK) return r;
     *out = best;
@@ -853,12 +937,25 @@ static stash_status_t release_cache(stash_heap_t* h);
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
-  sb_block* b = best_fit(a, size, slot);
+  bool big = !a->small && size >= kStitchMin;
+  sb_block* b = (big && getenv("X_BIGFIRST")) ? NULL : best_fit(a, size, slot);
+  if (b && getenv("X_TOPFIT") && size >= xenv("X_TOPFIT", 0)) {
+    for (bs_node_t* x = _stash_bs_last(&a->by_addr); x; x = _stash_bs_prev(x)) {
+      sb_block* c = FROM_ANODE(x);
+      if (c->size >= size && tag_ok(c, slot)) { b = c; break; }
+    }
+  }
+  if (!b && !a->small && !big && release_idle(h)) b = best_fit(a, size, slot);
   if (!b && !a->small && size >= kStitchMin) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
     stash_status_t r = stitch_alloc(h, size, slot, &st);
+    if (r == STASH_ERR_NOT_READY) {
+      block_delete(s, ub);
+      if (getenv("X_BIGFIRST")) b = best_fit(a, size, slot);
+      goto grow;
+    }
     if (r != STASH_OK) {
       block_delete(s, ub);
       return r;
@@ -871,9 +968,27 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     *out = ub;
     return STASH_OK;
   }
+grow:
+  if (!b && big && getenv("X_ALIGNBIG")) {
+    uint64_t at = a->base + a->mapped;
+    stash_status_t r = arena_grow(h, a, (size + G - 1) / G, slot, true, xenv("X_BIGCAP", SIZE_MAX));
+    if (r != STASH_OK) return r;
+    b = free_containing(a, at, size);
+    if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
+    sb_block* pre = block_new(s);
+    sb_block* post = block_new(s);
+    if (!pre || !post) {
+      if (pre) block_delete(s, pre);
+      if (post) block_delete(s, post);
+      return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    }
+    *out = carve(s, b, at, size, pre, post);
+    (*out)->kind = K_USER;
+    return STASH_OK;
+  }
   if (!b) {
     size_t tail = free_tail(a, slot);
-    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot);
+    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false, size >= kStitchMin ? xenv("X_BIGCAP", SIZE_MAX) : kHandleMaxBytes);
     if (r != STASH_OK) return r;
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
@@ -993,7 +1108,13 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   if (b->stitch) {
     sb_stitch* st = b->stitch;
     st->user = NULL;
-    stitch_return(h, st, slot, epoch);
+    if (getenv("X_IDLE")) {
+      st->idle = true; /* its pages stay lent until the memory is wanted elsewhere */
+      st->tag = slot;
+      st->epoch = epoch;
+    } else {
+      stitch_return(h, st, slot, epoch);
+    }
     block_delete(s, b);
     return;
   }
@@ -1058,6 +1179,7 @@ static stash_status_t release_cache(stash_heap_t* h) {
   h->stats.num_sync_all_streams++;
   stash_status_t st = _stash_events_poll(h, &s->events, true, event_done);
   if (st != STASH_OK) return st;
+  release_idle(h);
   /* Blocks still tagged were freed on their stream after its last completed epoch: wait
    * for that stream (unmapping does not wait for the GPU), then they are free for all. */
   stash_status_t first = STASH_OK;
@@ -1290,7 +1412,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
       } else if (b->kind == K_DEAD) {
         /* held, not usable: counted in reserved only */
       } else if (b->kind == K_PHANTOM) {
-        if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
+        if (!b->stitch || !(b->stitch->user || b->stitch->idle))
+          FAIL("a phantom block lends to no live or idle stitched block");
       } else {
         active_n[t]++;
         active_b[t] += (int64_t)b->size;

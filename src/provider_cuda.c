@@ -433,6 +433,40 @@ stash_status_t stash_cuda_provider(const stash_provider_t** out) {
   return STASH_OK;
 }
 
+stash_status_t stash_cuda_stream_create(int device, void** stream) {
+  if (!stream) return _stash_error(STASH_ERR_INVALID, "stash_cuda_stream_create: stream is NULL");
+  *stream = NULL;
+  pthread_once(&g_once, init_once);
+  if (g_init_status != STASH_OK) return _stash_error(g_init_status, "cuda: %s", g_init_error);
+  CUstream s = NULL;
+  const char* call_ = "cuStreamCreate";
+  stash_status_t st = STASH_OK;
+  {
+    bool pushed_;
+    st = enter_ctx(device, &pushed_);
+    if (st != STASH_OK) return _stash_error(st, "stash_cuda_stream_create: %s", _stash_provider_message());
+    CUresult r = g_cuda.cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    leave_ctx(pushed_);
+    if (r != CUDA_SUCCESS) {
+      cu_fail(r, call_);
+      return _stash_error(STASH_ERR_DRIVER, "stash_cuda_stream_create: %s", _stash_provider_message());
+    }
+  }
+  *stream = s;
+  return STASH_OK;
+}
+
+stash_status_t stash_cuda_stream_destroy(void* stream) {
+  pthread_once(&g_once, init_once);
+  if (g_init_status != STASH_OK) return _stash_error(g_init_status, "cuda: %s", g_init_error);
+  CUresult r = g_cuda.cu.cuStreamDestroy((CUstream)stream);
+  if (r != CUDA_SUCCESS) {
+    cu_fail(r, "cuStreamDestroy");
+    return _stash_error(STASH_ERR_DRIVER, "stash_cuda_stream_destroy: %s", _stash_provider_message());
+  }
+  return STASH_OK;
+}
+
 void* _stash_cuda_symbol(const char* name) {
   pthread_once(&g_once, init_once);
   if (g_init_status != STASH_OK) return NULL;

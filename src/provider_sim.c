@@ -102,6 +102,7 @@ struct stash_sim_s {
   slab_t handle_slab, event_slab, piece_slab;
   uint64_t next_piece;
   double cost_us;             /* modelled driver time of the calls so far (docs/driver-costs.md) */
+  double cost_by[STASH_CALL_COUNT]; /* the same, per kind of call */
   sim_stream_t* streams;
   size_t nstreams, cap_streams;
   uint64_t next_handle, next_event;
@@ -318,15 +319,25 @@ static const double k_alloc_us[][2] = {{2 * MIB_D, 31}, {20 * MIB_D, 36}, {512 *
 static const double k_free_us[][2] = {{2 * MIB_D, 27}, {20 * MIB_D, 35}, {512 * MIB_D, 165}};
 static const double k_create_us[][2] = {{2 * MIB_D, 7.3}, {512 * MIB_D, 13}};
 
-/* Distinct map pieces among the pages of [va, va+size). Lock held. */
-static uint64_t pieces_in(const stash_sim_t* s, uint64_t va, uint64_t size) {
-  uint64_t n = 0, prev = 0;
+/* The cost of cuMemSetAccess / cuMemUnmap over [va, va+size) made of k separately mapped
+ * pieces of m_i MiB: sum(base + per_mib * m_i) + pair * k * (k - 1). Fitted to the H200
+ * (tools/gpu/probe_access.txt: 18.7 us for one 2 MiB piece, 631 for 32 of them, 1262 for
+ * 32 of 256 MiB; unmap 12.8, 416, 698) and to data/traces/README.md's 6900 and 4000 us
+ * for 256 pieces of 2 MiB. Lock held. */
+static double pieces_cost(const stash_sim_t* s, uint64_t va, uint64_t size, double base,
+                          double per_mib, double pair) {
+  uint64_t k = 0, prev = 0;
+  double us = 0, mib = (double)s->gran / (1024.0 * 1024.0);
   for (uint64_t p = va; p < va + size; p += s->gran) {
     uint64_t piece = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p) >> 1;
-    if (piece != prev) n++;
+    if (piece != prev) {
+      k++;
+      us += base;
+    }
+    us += per_mib * mib;
     prev = piece;
   }
-  return n;
+  return us + pair * (double)k * (double)(k ? k - 1 : 0);
 }
 
 /* ---- Calls, counters and fault injection ------------------------------------------------ */
@@ -377,6 +388,13 @@ static stash_status_t enter(stash_sim_t* s, stash_provider_call_t call) {
     }                                                     \
   } while (0)
 
+#define COST(s, call, us)                         \
+  do {                                            \
+    double us_ = (us);                            \
+    (s)->cost_us += us_;                          \
+    (s)->cost_by[STASH_CALL_##call] += us_;       \
+  } while (0)
+
 #define LEAVE(s, status)              \
   do {                                \
     stash_status_t r_ = (status);     \
@@ -408,7 +426,7 @@ static stash_status_t sim_mem_info(void* ctx, int device, size_t* free_bytes, si
   if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
   *free_bytes = s->dev[device].capacity - s->dev[device].used;
   *total = s->dev[device].capacity;
-  s->cost_us += 21.0;
+  COST(s, mem_info, 21.0);
   LEAVE(s, STASH_OK);
 }
 
@@ -431,7 +449,7 @@ static stash_status_t sim_mem_alloc(void* ctx, int device, size_t size, uint64_t
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
   d->used += need;
-  s->cost_us += interp_us(size, k_alloc_us, 3);
+  COST(s, mem_alloc, interp_us(size, k_alloc_us, 3));
   *ptr = va;
   LEAVE(s, STASH_OK);
 }
@@ -453,7 +471,7 @@ static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t s
   ra_remove_at(&d->allocs, i);
   place_free(s, ptr, need);
   d->used -= need;
-  s->cost_us += interp_us(size, k_free_us, 3);
+  COST(s, mem_free, interp_us(size, k_free_us, 3));
   LEAVE(s, STASH_OK);
 }
 
@@ -471,7 +489,7 @@ static stash_status_t sim_va_reserve(void* ctx, int device, size_t size, uint64_
     va_give(s, start, size);
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
-  s->cost_us += 1.0; /* cuMemAddressReserve: 0.4-1.9 us */
+  COST(s, va_reserve, 1.0); /* cuMemAddressReserve: 0.4-1.9 us */
   *va = start;
   LEAVE(s, STASH_OK);
 }
@@ -494,7 +512,7 @@ static stash_status_t sim_va_free(void* ctx, int device, uint64_t va, size_t siz
   }
   ra_remove_at(&d->reservations, i);
   va_give(s, va, size);
-  s->cost_us += 1.0; /* cuMemAddressFree: not measured, taken as cuMemAddressReserve */
+  COST(s, va_free, 1.0); /* cuMemAddressFree: not measured, taken as cuMemAddressReserve */
   LEAVE(s, STASH_OK);
 }
 
@@ -518,7 +536,7 @@ static stash_status_t sim_phys_create(void* ctx, int device, size_t size, uint64
   h->device = device;
   d->used += size;
   d->handles++;
-  s->cost_us += interp_us(size, k_create_us, 2);
+  COST(s, phys_create, interp_us(size, k_create_us, 2));
   *handle = id;
   LEAVE(s, STASH_OK);
 }
@@ -539,7 +557,7 @@ static stash_status_t sim_phys_release(void* ctx, int device, uint64_t id) {
   h->released = true;
   s->dev[device].handles--;
   if (h->maps == 0) handle_drop(s, id, h);
-  s->cost_us += 9.3;
+  COST(s, phys_release, 9.3);
   LEAVE(s, STASH_OK);
 }
 
@@ -556,6 +574,12 @@ static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, u
     LEAVE(s, stash_provider_error(STASH_ERR_INVALID,
                                   "sim: map of %zu bytes at offset %zu of a handle of %zu to 0x%" PRIx64,
                                   size, offset, h->size, va));
+  /* As the driver (CUDA 13 on an H200, tools/gpu/probe_map.txt): only whole allocations. */
+  if (offset != 0 || size != h->size)
+    LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
+                                  "sim: map of %zu bytes at offset %zu of a physical allocation of "
+                                  "%zu: the driver maps whole allocations only "
+                                  "(CUDA_ERROR_NOT_SUPPORTED)", size, offset, h->size));
   sim_device_t* d = &s->dev[device];
   if (!ra_containing(&d->reservations, va, size))
     LEAVE(s, stash_provider_error(STASH_ERR_DRIVER,
@@ -581,7 +605,7 @@ static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, u
     h->maps++;
     d->pages++;
   }
-  s->cost_us += 0.6;
+  COST(s, map, 0.6);
   LEAVE(s, STASH_OK);
 }
 
@@ -592,10 +616,18 @@ static stash_status_t sim_unmap(void* ctx, int device, uint64_t va, size_t size)
   if (va % s->gran || size % s->gran || size == 0)
     LEAVE(s, stash_provider_error(STASH_ERR_INVALID, "sim: unmap of unaligned range"));
   for (uint64_t p = va; p < va + size; p += s->gran) {
-    if (!_stash_ptrmap_get(&s->pages, p))
+    uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p);
+    if (!v)
       LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unmap of unmapped page 0x%" PRIx64, p));
+    /* As the driver: a mapping is unmapped whole (CUDA_ERROR_INVALID_VALUE otherwise). */
+    piece_t* pc = _stash_ptrmap_get(&s->pieces, v >> 1);
+    handle_t* hd = pc ? _stash_ptrmap_get(&s->handles, pc->handle) : NULL;
+    if (pc && hd && (pc->va < va || pc->va + hd->size > va + size))
+      LEAVE(s, stash_provider_error(STASH_ERR_INVALID,
+                                    "sim: unmap of part of a mapping at 0x%" PRIx64
+                                    " (the driver unmaps whole mappings only)", pc->va));
   }
-  s->cost_us += 14.0 + 15.6 * (double)(pieces_in(s, va, size) - 1);
+  COST(s, unmap, pieces_cost(s, va, size, 12.5, 0.035, 0.012));
   for (uint64_t p = va; p < va + size; p += s->gran) {
     uint64_t pid = (uint64_t)(uintptr_t)_stash_ptrmap_take(&s->pages, p) >> 1;
     piece_t* pc = _stash_ptrmap_get(&s->pieces, pid);
@@ -620,7 +652,7 @@ static stash_status_t sim_set_access(void* ctx, int device, uint64_t va, size_t 
       LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: set_access on unmapped page 0x%" PRIx64,
                                     p));
   }
-  s->cost_us += 20.0 + 27.0 * (double)(pieces_in(s, va, size) - 1);
+  COST(s, set_access, pieces_cost(s, va, size, 18.5, 0.07, 0.033));
   for (uint64_t p = va; p < va + size; p += s->gran) {
     uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p);
     _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(v | 1));
@@ -657,7 +689,7 @@ static stash_status_t sim_event_create(void* ctx, int device, uint64_t* event) {
   e->device = device;
   e->stream = -1;
   s->dev[device].events++;
-  s->cost_us += 0.31;
+  COST(s, event_create, 0.31);
   *event = id;
   LEAVE(s, STASH_OK);
 }
@@ -672,7 +704,7 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   e->stream = si;
   e->seq = ++s->streams[si].recorded;
-  s->cost_us += 0.20;
+  COST(s, event_record, 0.20);
   LEAVE(s, STASH_OK);
 }
 
@@ -685,7 +717,7 @@ static stash_status_t sim_event_query(void* ctx, uint64_t event) {
   ENTER(s, event_query);
   sim_event_t* e = _stash_ptrmap_get(&s->events, event);
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
-  s->cost_us += 0.19;
+  COST(s, event_query, 0.19);
   LEAVE(s, event_done(s, e) ? STASH_OK : STASH_ERR_NOT_READY);
 }
 
@@ -696,7 +728,7 @@ static stash_status_t sim_event_synchronize(void* ctx, uint64_t event) {
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   /* Waiting lets the stream run up to the event. */
   if (!event_done(s, e)) s->streams[e->stream].completed = e->seq;
-  s->cost_us += 0.19; /* not measured: taken as cuEventQuery, the wait itself not counted */
+  COST(s, event_synchronize, 0.19); /* not measured: taken as cuEventQuery, the wait itself not counted */
   LEAVE(s, STASH_OK);
 }
 
@@ -707,7 +739,7 @@ static stash_status_t sim_event_destroy(void* ctx, uint64_t event) {
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   s->dev[e->device].events--;
   _stash_slab_free(&s->event_slab, e);
-  s->cost_us += 0.12;
+  COST(s, event_destroy, 0.12);
   LEAVE(s, STASH_OK);
 }
 
@@ -718,7 +750,7 @@ static stash_status_t sim_stream_synchronize(void* ctx, int device, void* stream
   int si = stream_index(s, stream);
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   s->streams[si].completed = s->streams[si].recorded;
-  s->cost_us += 3.0; /* not measured: an idle stream's synchronize, a few us */
+  COST(s, stream_synchronize, 3.0); /* not measured: an idle stream's synchronize, a few us */
   LEAVE(s, STASH_OK);
 }
 
@@ -855,6 +887,16 @@ double stash_sim_modeled_us(const stash_sim_t* cs) {
   stash_sim_t* s = (stash_sim_t*)cs;
   pthread_mutex_lock(&s->lock);
   double v = s->cost_us;
+  pthread_mutex_unlock(&s->lock);
+  return v;
+}
+
+double stash_sim_modeled_us_of(const stash_sim_t* cs, stash_provider_call_t call) {
+  if (call == STASH_CALL_ANY) return stash_sim_modeled_us(cs);
+  if ((int)call < 0 || call >= STASH_CALL_COUNT) return 0.0;
+  stash_sim_t* s = (stash_sim_t*)cs;
+  pthread_mutex_lock(&s->lock);
+  double v = s->cost_by[call];
   pthread_mutex_unlock(&s->lock);
   return v;
 }

@@ -120,6 +120,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   stash_sim_t* sim = NULL;
   stash_heap_t* heap = NULL;
   void** ptrs = NULL;
+  void** streams = NULL;
   const stash_provider_t* provider = NULL;
   int device = 0;
   uint64_t check_every = opts->check_every;
@@ -147,6 +148,21 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
                                                  STASH_CALL_set_access};
   static const stash_provider_call_t frees[] = {STASH_CALL_mem_free, STASH_CALL_va_free,
                                                 STASH_CALL_phys_release, STASH_CALL_unmap};
+  /* The trace's streams: on the simulated device their recorded values; on a GPU, real
+   * streams (the driver would not take made-up ones), one per trace stream. */
+  streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
+  if (!streams) {
+    st = STASH_ERR_HOST_OOM;
+    goto done;
+  }
+  for (size_t k = 0; k < t->nstreams; k++) {
+    if (sim) {
+      streams[k] = (void*)(uintptr_t)t->streams[k];
+    } else {
+      st = stash_cuda_stream_create(device, &streams[k]);
+      if (st != STASH_OK) goto done;
+    }
+  }
   size_t base_free = 0, total = 0;
   int64_t last_reserved = 0;
   bool driver_check = opts->driver_check && !sim && provider->mem_info;
@@ -166,7 +182,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++)
         half_frees += stash_sim_calls(sim, frees[k]);
     }
-    void* stream = (void*)(uintptr_t)t->streams[e->stream];
+    void* stream = streams[e->stream];
     if (e->op == TRACE_ALLOC) {
       stash_status_t r = stash_heap_alloc(heap, e->size, stream, &ptrs[e->id]);
       if (r == STASH_ERR_OOM) {
@@ -184,7 +200,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     /* The GPU keeps up: the work queued so far on every stream is done by the next event
      * (events recorded for cross-stream reuse complete then). */
     if (sim)
-      for (size_t k = 0; k < t->nstreams; k++) stash_sim_complete(sim, (void*)(uintptr_t)t->streams[k]);
+      for (size_t k = 0; k < t->nstreams; k++) stash_sim_complete(sim, streams[k]);
     if (driver_check) {
       out->stats.size = sizeof out->stats;
       stash_heap_stats(heap, &out->stats);
@@ -227,6 +243,10 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   out->alloc_retries = (uint64_t)out->stats.num_alloc_retries;
   if (sim) {
     out->modeled_driver_us = stash_sim_modeled_us(sim);
+    for (int k = 0; k < STASH_CALL_COUNT; k++) {
+      out->calls[k] = stash_sim_calls(sim, (stash_provider_call_t)k);
+      out->driver_us[k] = stash_sim_modeled_us_of(sim, (stash_provider_call_t)k);
+    }
     uint64_t a = 0, f = 0;
     for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++) a += stash_sim_calls(sim, allocs[k]);
     for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++) f += stash_sim_calls(sim, frees[k]);
@@ -235,6 +255,16 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   }
 done:
   free(ptrs);
+  if (heap) {
+    stash_status_t d = stash_heap_destroy(heap);
+    if (st == STASH_OK) st = d;
+    heap = NULL;
+  }
+  if (streams && !sim) {
+    for (size_t k = 0; k < t->nstreams; k++)
+      if (streams[k]) stash_cuda_stream_destroy(streams[k]);
+  }
+  free(streams);
   free(check.va);
   free(check.phys);
   if (heap) {

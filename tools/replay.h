@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "stash.h"
+#include "stash_provider.h"
 #include "trace.h"
 
 typedef struct replay_result_s {
@@ -29,6 +30,8 @@ typedef struct replay_result_s {
   uint64_t driver_checks;          /* readings taken */
   uint64_t driver_used_at_peak;    /* the reading when reserved bytes were at their peak */
   int64_t driver_gap_max;          /* the largest |driver in use - reserved| seen */
+  uint64_t calls[STASH_CALL_COUNT];  /* simulated: provider calls of each kind */
+  double driver_us[STASH_CALL_COUNT]; /* simulated: their modelled cost */
   stash_stats_t stats;           /* the heap's statistics at the end */
 } replay_result_t;
 

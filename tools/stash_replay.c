@@ -88,6 +88,19 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event,
          r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
          (unsigned long long)r->device_frees_second_half);
+  if (!strcmp(provider, "sim")) {
+    /* every kind of call made: how many, and their modelled cost */
+    printf(", \"calls\": {");
+    int first = 1;
+    for (int k = 0; k < STASH_CALL_COUNT; k++) {
+      if (!r->calls[k]) continue;
+      printf("%s\"%s\": [%llu, %.1f]", first ? "" : ", ",
+             stash_provider_call_name((stash_provider_call_t)k), (unsigned long long)r->calls[k],
+             r->driver_us[k]);
+      first = 0;
+    }
+    printf("}");
+  }
   if (r->driver_checked)
     printf(", \"driver_checks\": %llu, \"driver_used_at_peak_bytes\": %llu, "
            "\"driver_gap_max_bytes\": %lld",

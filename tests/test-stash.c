@@ -1,0 +1,354 @@
+/* test-stash: each rule of policy:stash, on the simulated device. The expected addresses and
+ * sizes follow from the rules in src/policy_stash.c's header comment; the comments derive
+ * them. Every test ends with fx_close: the heap's invariants hold and, once it is destroyed,
+ * the simulated device holds nothing. */
+#include "fixture.h"
+
+#define S1 ((void*)0x1)
+#define S2 ((void*)0x2)
+
+static uintptr_t U(void* p) { return (uintptr_t)p; }
+
+/* Provider calls of the kinds that allocate, map, unmap or free memory. */
+static uint64_t memory_calls(fixture_t* f) {
+  static const stash_provider_call_t k[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free,
+                                            STASH_CALL_va_reserve, STASH_CALL_va_free,
+                                            STASH_CALL_phys_create, STASH_CALL_phys_release,
+                                            STASH_CALL_map, STASH_CALL_unmap,
+                                            STASH_CALL_set_access};
+  uint64_t n = 0;
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) n += stash_sim_calls(f->sim, k[i]);
+  return n;
+}
+
+/* The state of the block at address p (by visiting the heap), or -1. */
+typedef struct find_s {
+  uintptr_t address;
+  int state;
+  size_t size;
+  bool in_stitched; /* found in a segment with mapped_size 0: a stitched range */
+} find_t;
+
+static int find_cb(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  find_t* q = arg;
+  for (size_t i = 0; i < seg->nblocks; i++) {
+    if (b[i].address == q->address) {
+      q->state = (int)b[i].state;
+      q->size = b[i].size;
+      q->in_stitched = seg->mapped_size == 0;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static find_t find(fixture_t* f, void* p) {
+  find_t q = {U(p), -1, 0, false};
+  CHECK_OK(stash_heap_visit(f->heap, find_cb, &q));
+  return q;
+}
+
+/* Bytes of blocks in a given state over the whole heap. */
+typedef struct sum_s {
+  int state;
+  size_t bytes;
+} sum_t;
+
+static int sum_cb(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  sum_t* q = arg;
+  for (size_t i = 0; i < seg->nblocks; i++) {
+    if ((int)b[i].state == q->state) q->bytes += b[i].size;
+  }
+  return 0;
+}
+
+static size_t bytes_in_state(fixture_t* f, stash_block_state_t state) {
+  sum_t q = {(int)state, 0};
+  CHECK_OK(stash_heap_visit(f->heap, sum_cb, &q));
+  return q.bytes;
+}
+
+/* ---- sizes and arenas ------------------------------------------------------------------ */
+
+TEST(small_and_large_arenas) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* a = fx_alloc(&f, 1, NULL); /* 512-byte minimum, small arena, grown by 8 MiB */
+  CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 512);
+  CHECK_EQ(STAT(&f, requested_bytes, SMALL, current), 1);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 8 * MiB);
+  void* b = fx_alloc(&f, 513, NULL); /* 1024, right after a: the block is split at its front */
+  CHECK_EQ(U(b), U(a) + 512);
+  void* c = fx_alloc(&f, 1 * MiB, NULL); /* exactly 1 MiB: still small */
+  CHECK_EQ(U(c), U(b) + 1024);
+  CHECK_EQ(STAT(&f, allocation, SMALL, current), 3);
+  void* d = fx_alloc(&f, 1 * MiB + 1, NULL); /* large arena: its first growth */
+  CHECK_EQ(STAT(&f, allocation, LARGE, current), 1);
+  CHECK_EQ(STAT(&f, allocated_bytes, LARGE, current), 1 * MiB + 512);
+  CHECK(STAT(&f, reserved_bytes, LARGE, current) >= (int64_t)(20 * MiB));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) % (int64_t)(2 * MiB), 0);
+  /* reserved is the physical memory held: what the simulated device has handed out */
+  stash_sim_usage_t u;
+  stash_sim_usage(f.sim, 0, &u);
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), (int64_t)u.used_bytes);
+  void* z = (void*)0x1;
+  CHECK_OK(stash_heap_alloc(f.heap, 0, NULL, &z)); /* 0 bytes: no memory, NULL */
+  CHECK(z == NULL);
+  fx_free(&f, a);
+  fx_free(&f, b);
+  fx_free(&f, c);
+  fx_free(&f, d);
+  fx_close(&f);
+}
+
+TEST(best_fit_smallest_then_lowest) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  /* a 64 MiB growth holds: A 6 | s 1 | B 3 | s 1 | C 3 | s 1 | D 5.5 | s 1 | rest */
+  void* big = fx_alloc(&f, 64 * MiB, NULL);
+  fx_free(&f, big); /* the arena is one free 64 MiB block now (or more) */
+  size_t sizes[8] = {6 * MiB, 1 * MiB + 512, 3 * MiB, 1 * MiB + 512,
+                     3 * MiB, 1 * MiB + 512, 5 * MiB + 512 * KiB, 1 * MiB + 512};
+  void* p[8];
+  for (int i = 0; i < 8; i++) p[i] = fx_alloc(&f, sizes[i], NULL);
+  for (int i = 1; i < 8; i++) CHECK_EQ(U(p[i]), U(p[i - 1]) + sizes[i - 1]); /* front splits */
+  fx_free(&f, p[0]); /* holes: 6, 3, 3, 5 MiB, then the free rest of the arena */
+  fx_free(&f, p[2]);
+  fx_free(&f, p[4]);
+  fx_free(&f, p[6]);
+  void* x = fx_alloc(&f, 3 * MiB, NULL); /* the smallest fit, the lower of two */
+  CHECK_EQ(U(x), U(p[2]));
+  void* y = fx_alloc(&f, 2 * MiB, NULL); /* 3 MiB hole left (C): smallest that fits */
+  CHECK_EQ(U(y), U(p[4]));
+  void* z = fx_alloc(&f, 4 * MiB, NULL); /* 5.5 MiB (D) beats 6 MiB (A) */
+  CHECK_EQ(U(z), U(p[6]));
+  void* w = fx_alloc(&f, 1 * MiB + 512, NULL); /* the 1.5 MiB left of D, not A: smaller */
+  CHECK_EQ(U(w), U(p[6]) + 4 * MiB);
+  void* v = fx_alloc(&f, 6 * MiB, NULL); /* A */
+  CHECK_EQ(U(v), U(p[0]));
+  void* all[] = {x, y, z, w, v, p[1], p[3], p[5], p[7]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fx_free(&f, all[i]);
+  fx_close(&f);
+}
+
+TEST(freed_neighbours_merge) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  for (int i = 0; i < 4; i++) p[i] = fx_alloc(&f, 2 * MiB, NULL);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[2]); /* merges with p[1]: one free 4 MiB block */
+  find_t q = find(&f, p[1]);
+  CHECK_EQ(q.state, STASH_BLOCK_FREE);
+  CHECK_EQ(q.size, 4 * MiB);
+  void* x = fx_alloc(&f, 4 * MiB, NULL); /* fits exactly there */
+  CHECK_EQ(U(x), U(p[1]));
+  fx_free(&f, x);
+  fx_free(&f, p[0]);
+  fx_free(&f, p[3]);
+  /* everything free: the large arena is one free block */
+  q = find(&f, p[0]);
+  CHECK_EQ(q.state, STASH_BLOCK_FREE);
+  CHECK_EQ((int64_t)q.size, STAT(&f, reserved_bytes, LARGE, current));
+  fx_close(&f);
+}
+
+TEST(growth_uses_the_free_end_first) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* a = fx_alloc(&f, 15 * MiB, NULL);
+  int64_t r0 = STAT(&f, reserved_bytes, LARGE, current);
+  size_t tail = (size_t)r0 - 15 * MiB; /* free at the end of the arena */
+  size_t want = tail + 30 * MiB;
+  void* b = fx_alloc(&f, want, NULL); /* continues at the free end: the arena grows by ~30 */
+  CHECK_EQ(U(b), U(a) + 15 * MiB);
+  int64_t r1 = STAT(&f, reserved_bytes, LARGE, current);
+  CHECK(r1 - r0 >= (int64_t)(30 * MiB));
+  CHECK(r1 - r0 < (int64_t)(30 * MiB) + 64 * (int64_t)MiB); /* at most one growth step more */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 2); /* one physical allocation per growth */
+  fx_free(&f, a);
+  fx_free(&f, b);
+  fx_close(&f);
+}
+
+/* ---- streams ---------------------------------------------------------------------------- */
+
+TEST(one_stream_needs_no_event) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* a = fx_alloc(&f, 3 * MiB, S1);
+  fx_free(&f, a);
+  void* b = fx_alloc(&f, 3 * MiB, S1); /* the same stream reuses it at once */
+  CHECK_EQ(U(b), U(a));
+  for (int i = 0; i < 100; i++) fx_free(&f, b), b = fx_alloc(&f, 3 * MiB, S1);
+  fx_free(&f, b);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_record), 0);
+  fx_close(&f);
+}
+
+TEST(other_stream_waits_for_an_event) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = fx_alloc(&f, 1 * MiB + 512, S1);
+  void* a = fx_alloc(&f, 3 * MiB, S1);
+  void* after = fx_alloc(&f, 1 * MiB + 512, S1); /* a becomes a 3 MiB hole */
+  fx_free(&f, a); /* freed on S1: S1's until S1 passes an event recorded after the free */
+  void* b = fx_alloc(&f, 3 * MiB, S2); /* S1's work may still use a: another block */
+  CHECK(U(b) != U(a));
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_record), 1); /* one, on S1 */
+  void* c = fx_alloc(&f, 3 * MiB, S2); /* the event has not completed: still not a */
+  CHECK(U(c) != U(a));
+  stash_sim_complete(f.sim, S1);
+  void* d = fx_alloc(&f, 3 * MiB, S2); /* now it has: a's memory serves S2 */
+  CHECK_EQ(U(d), U(a));
+  fx_free(&f, b);
+  fx_free(&f, c);
+  fx_free(&f, d);
+  fx_free(&f, keep);
+  fx_free(&f, after);
+  fx_close(&f);
+}
+
+TEST(record_stream_holds_the_block) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* a = fx_alloc(&f, 3 * MiB, S1);
+  CHECK_OK(stash_heap_record_stream(f.heap, a, S2));
+  CHECK_OK(stash_heap_record_stream(f.heap, a, S2)); /* twice: one use */
+  CHECK_OK(stash_heap_record_stream(f.heap, a, S1)); /* its own stream: nothing */
+  fx_free(&f, a);
+  CHECK_EQ(find(&f, a).state, STASH_BLOCK_PENDING_FREE);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_PENDING_FREE), 3 * MiB);
+  CHECK_EQ(STAT(&f, allocated_bytes, ALL, current), 0);
+  CHECK_EQ(STAT(&f, active_bytes, ALL, current), 3 * MiB);
+  void* b = fx_alloc(&f, 3 * MiB, S1); /* S2 may still use a */
+  CHECK(U(b) != U(a));
+  stash_sim_complete(f.sim, S2);
+  void* c = fx_alloc(&f, 3 * MiB, S1); /* the event completed: a's block again */
+  CHECK_EQ(U(c), U(a));
+  CHECK_EQ(STAT(&f, active_bytes, ALL, current), 6 * MiB);
+  /* bad pointers */
+  CHECK_EQ(stash_heap_record_stream(f.heap, (void*)(U(b) + 512), S2), STASH_ERR_BAD_POINTER);
+  CHECK_EQ(stash_heap_free(f.heap, (void*)(U(b) + 512)), STASH_ERR_BAD_POINTER);
+  fx_free(&f, b);
+  CHECK_EQ(stash_heap_free(f.heap, b), STASH_ERR_BAD_POINTER); /* twice */
+  fx_free(&f, c);
+  fx_close(&f);
+}
+
+/* ---- giving memory back --------------------------------------------------------------- */
+
+TEST(empty_cache_gives_back_the_free_ends) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* a = fx_alloc(&f, 30 * MiB, S1);
+  void* b = fx_alloc(&f, 100 * MiB, S1); /* a second growth */
+  void* c = fx_alloc(&f, 1000, S1);
+  fx_free(&f, b);
+  int64_t before = STAT(&f, reserved_bytes, ALL, current);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  /* b's growth lies wholly in the free end: given back; a's and the small arena stay */
+  int64_t after = STAT(&f, reserved_bytes, ALL, current);
+  CHECK(after < before);
+  CHECK(after >= (int64_t)(30 * MiB + 8 * MiB));
+  CHECK(stash_sim_calls(f.sim, STASH_CALL_phys_release) >= 1);
+  CHECK(stash_sim_calls(f.sim, STASH_CALL_stream_synchronize) >= 1); /* b was S1's */
+  fx_free(&f, a);
+  fx_free(&f, c);
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* everything free: nothing reserved */
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 0);
+  CHECK_EQ(STAT(&f, segment, ALL, current), 0);
+  stash_sim_usage_t u;
+  stash_sim_usage(f.sim, 0, &u);
+  CHECK_EQ(u.used_bytes, 0);
+  CHECK_EQ(u.mapped_pages, 0);
+  void* d = fx_alloc(&f, 5 * MiB, S1); /* and it grows again */
+  fx_free(&f, d);
+  fx_close(&f);
+}
+
+TEST(out_of_memory_releases_then_fails_cleanly) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 64 * MiB)) return;
+  void* s = fx_alloc(&f, 1000, S1); /* small arena: 8 MiB */
+  fx_free(&f, s);
+  void* a = fx_alloc(&f, 40 * MiB, S1);
+  fx_free(&f, a); /* 48 MiB reserved, all of it free */
+  void* b = fx_alloc(&f, 60 * MiB, S1); /* needs the small arena's memory back first */
+  CHECK(b != NULL);
+  stash_stats_t st = fx_stats(&f);
+  CHECK_EQ(st.num_alloc_retries, 1);
+  CHECK_EQ(st.num_ooms, 0);
+  void* c = (void*)0x1;
+  CHECK_EQ(stash_heap_alloc(f.heap, 10 * MiB, S1, &c), STASH_ERR_OOM);
+  CHECK(c == NULL);
+  CHECK_STR_CONTAINS(stash_last_error(), "out of memory");
+  CHECK_STR_CONTAINS(stash_last_error(), "10.00 MiB");
+  st = fx_stats(&f);
+  CHECK_EQ(st.num_ooms, 1);
+  CHECK_EQ(st.allocation[STASH_STAT_ALL].current, 1);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, b);
+  void* d = fx_alloc(&f, 10 * MiB, S1); /* the heap works on */
+  fx_free(&f, d);
+  /* more than an exabyte: refused before any arithmetic can overflow */
+  CHECK_EQ(stash_heap_alloc(f.heap, SIZE_MAX - 100, S1, &c), STASH_ERR_OOM);
+  fx_close(&f);
+}
+
+TEST(memory_fraction_limits_reserved) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash,per_process_memory_fraction:0.25", 1024 * MiB)) return;
+  void* c = NULL;
+  CHECK_EQ(stash_heap_alloc(f.heap, 300 * MiB, S1, &c), STASH_ERR_OOM); /* > 256 MiB */
+  CHECK_STR_CONTAINS(stash_last_error(), "memory fraction");
+  void* a = fx_alloc(&f, 200 * MiB, S1); /* fits under the limit (exactly, no growth step) */
+  CHECK(STAT(&f, reserved_bytes, ALL, current) <= 256 * (int64_t)MiB);
+  fx_free(&f, a);
+  fx_close(&f);
+}
+
+/* ---- the steady state ------------------------------------------------------------------- */
+
+/* A training step in miniature: parameters live throughout; each step allocates
+ * activations of many sizes, one large logits-like block and its gradient, and frees them.
+ * From the second step on, no provider call at all. */
+TEST(repeated_steps_make_no_provider_call) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* params[20];
+  for (int i = 0; i < 20; i++) params[i] = fx_alloc(&f, (size_t)(i + 1) * 3 * MiB + 4096, S1);
+  uint64_t after_first = 0;
+  for (int step = 0; step < 4; step++) {
+    void* act[40];
+    for (int i = 0; i < 40; i++) act[i] = fx_alloc(&f, (size_t)((i * 7919) % 97 + 1) * 256 * KiB, S1);
+    void* logits = fx_alloc(&f, 600 * MiB, S1);
+    for (int i = 0; i < 40; i += 2) fx_free(&f, act[i]);
+    void* grad = fx_alloc(&f, 600 * MiB, S1);
+    fx_free(&f, logits);
+    void* tmp = fx_alloc(&f, 300 * MiB, S1);
+    fx_free(&f, grad);
+    fx_free(&f, tmp);
+    for (int i = 1; i < 40; i += 2) fx_free(&f, act[i]);
+    if (step == 0) after_first = memory_calls(&f);
+  }
+  CHECK(after_first > 0);
+  CHECK_EQ(memory_calls(&f), after_first);
+  for (int i = 0; i < 20; i++) fx_free(&f, params[i]);
+  fx_close(&f);
+}
+
+int main(void) {
+  RUN(small_and_large_arenas);
+  RUN(best_fit_smallest_then_lowest);
+  RUN(freed_neighbours_merge);
+  RUN(growth_uses_the_free_end_first);
+  RUN(one_stream_needs_no_event);
+  RUN(other_stream_waits_for_an_event);
+  RUN(record_stream_holds_the_block);
+  RUN(empty_cache_gives_back_the_free_ends);
+  RUN(out_of_memory_releases_then_fails_cleanly);
+  RUN(memory_fraction_limits_reserved);
+  RUN(repeated_steps_make_no_provider_call);
+  TEST_MAIN_END();
+}
