@@ -1,29 +1,35 @@
-/* policy_stash.c: stash's own policy - reserve little more than the program has live, make
- * no driver call once a training loop is in its steady state, and call the driver less than
- * PyTorch's allocator on the way there.
+/* policy_stash.c: stash's own policy - reserve little more than the program has live, and
+ * make no driver call once a training loop is in its steady state.
  *
- * Memory is physical pages (the device's granularity, 2 MiB) mapped into two *arenas*, one
- * for requests of at most 1 MiB and one for the rest. An arena is one long reserved virtual
- * range whose mapped prefix is tiled by blocks; a request takes the best-fitting free block
- * (smallest, then lowest address) and is split off its front at 512-byte granularity; freed
- * blocks merge with free neighbours. Every stream shares the arenas: a block freed on stream
- * A is at once reusable by A, and by other streams once an event recorded on A after the
- * free has completed (a "tag" and an epoch per stream; no event at all with one stream).
+ * Memory is physical allocations mapped into two *arenas*, one for requests of at most
+ * 1 MiB and one for the rest. An arena is one long reserved virtual range whose mapped
+ * prefix is tiled by blocks; a request takes the best-fitting free block (smallest, then
+ * lowest address) and is split off its front at 512-byte granularity; freed blocks merge
+ * with free neighbours. Every stream shares the arenas: a block freed on stream A is at once
+ * reusable by A, and by other streams once an event recorded on A after the free has
+ * completed (a "tag" and an epoch per stream; no event at all with one stream).
  *
- * When nothing fits, an arena grows at its end: new physical memory, one allocation and one
- * mapping per growth, at least 8 MiB (small arena) or 20 MiB (large). But a large request
- * (>= 256 MiB) is first offered *stitching*: a fresh virtual range backed by pages that are
- * free in the large arena right now - whole pages of large holes (>= 32 MiB), then the free
- * end of the arena, grown if need be. Those pages are mapped a second time, at the stitched
- * range, and lent to it: while the stitched block lives, its pages are carved out of the
- * arena as "phantom" blocks, so the arena cannot hand them out twice; when it is freed they
- * return to the arena. Stitched ranges stay mapped and are reused by later requests of a
- * similar size whenever their pages are free again - so once a training loop repeats, every
- * request finds the same block as in the previous iteration and no driver call is made.
+ * When nothing fits, an arena grows at its end: one new physical allocation, mapped and
+ * made accessible, of at least 8 MiB (small arena) or 20 MiB (large). But a large request
+ * (>= 256 MiB) that fits nowhere is *stitched* instead: a fresh virtual range mapped onto
+ * physical allocations of the large arena that are wholly free right now - in holes, the
+ * largest hole first, then at the arena's free end - and, for what is still missing, new
+ * allocations of at most 64 MiB each, appended to the arena. (The driver maps whole
+ * physical allocations only, never a part: tools/gpu/probe_map.txt. Small new pieces are
+ * what lets later stitched ranges find whole free allocations in the holes that blocks
+ * leave.) Those allocations are mapped a second time, at the stitched range, and lent to
+ * it: while the stitched block lives, its pages are carved out of the arena as "phantom"
+ * blocks, so the arena cannot hand them out twice; when it is freed they return to the
+ * arena. Stitched ranges stay mapped and serve later requests of a similar size (at most
+ * twice as large) whenever their pages are free again - so once a training loop repeats,
+ * every request finds the same memory as in the previous iteration and no driver call is
+ * made.
  *
- * empty_cache (and the out-of-memory fallback) waits for pending events, unmaps the free
- * stitched ranges and gives back the physical allocations that lie wholly in the free end of
- * each arena.
+ * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
+ * that freed blocks, unmaps the free stitched ranges and gives back the physical
+ * allocations that lie wholly in the free end of each arena. Memory the driver refuses to
+ * take back is retried later ("zombies"); memory it refuses access to is held apart
+ * ("dead") and retried.
  *
  * Synchronization: every function here runs under the heap's lock (heap.c).
  */
@@ -35,16 +41,16 @@
 
 #include "internal.h"
 
-/* EXPERIMENT */
-static size_t xenv(const char* n, size_t d) { const char* v = getenv(n); return v ? (size_t)strtoull(v, NULL, 10) << 20 : d; }
 #define kMinBlock ((size_t)512)
 #define kSmallLimit ((size_t)1 << 20)    /* requests up to this go to the small arena */
-#define kSmallGrowBytes xenv("X_SG", (size_t)8 << 20)
-#define kLargeGrowBytes xenv("X_LG", (size_t)20 << 20)
-#define kStitchMin xenv("X_STITCHMIN", (size_t)256 << 20)
+#define kSmallGrowBytes ((size_t)8 << 20)  /* the small arena grows by at least this */
+#define kLargeGrowBytes ((size_t)20 << 20) /* the large arena grows by at least this */
+#define kStitchMin ((size_t)256 << 20)     /* requests this large may be stitched */
+#define kStitchPiece ((size_t)64 << 20)    /* new memory for a stitched range: allocations of
+                                              at most this, so that later ranges can reuse them
+                                              whole */
 #define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation */
 #define kOneExaByte ((size_t)1 << 60)
-#define kHandleMaxBytes xenv("X_HANDLE", (size_t)1 << 40)
 
 typedef struct sb_block_s sb_block;
 typedef struct sb_arena_s sb_arena;
@@ -111,9 +117,6 @@ struct sb_stitch_s {
   size_t page;        /* the page size (the heap's granularity) */
   uint32_t* homes;    /* large-arena page indices lent to it, ascending */
   sb_block* user;     /* the live (or pending) block using it, or NULL */
-  bool idle;          /* no user, but its pages are still lent to it (kept for reuse) */
-  uint32_t tag;       /* idle: the stream slot that freed it (0: any stream) */
-  uint64_t epoch;     /* idle: that stream's epoch at the free */
 };
 
 typedef struct sb_stream_s {
@@ -335,9 +338,6 @@ static void* epoch_marker(uint32_t slot, uint64_t epoch) {
 /* Epoch `epoch` of `slot` is over on the GPU: its blocks are free for every stream. */
 static void epoch_done(stash_heap_t* h, uint32_t slot, uint64_t epoch) {
   sb_state* s = S(h);
-  for (sb_stitch* x = s->stitches; x; x = x->next_st) {
-    if (x->idle && x->tag == slot && x->epoch <= epoch) x->tag = 0;
-  }
   sb_block* b = s->streams[slot].thead;
   while (b) {
     sb_block* next = b->tnext;
@@ -473,8 +473,8 @@ static size_t free_tail(const sb_arena* a, uint32_t slot) {
 
 /* Map new memory at the arena's end: need_pages, or (unless `exact`) at least the arena's
  * growth step when the limit and the device allow it. The memory is made of physical
- * allocations of at most kHandleMaxBytes each (a stitched range maps whole allocations:
- * the driver maps nothing smaller), mapped one by one and made accessible with one call. */
+ * allocations of at most cap_bytes each (a stitched range can only map whole ones: the
+ * driver maps nothing smaller), mapped one by one and made accessible with one call. */
 static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages,
                                  uint32_t slot, bool exact, size_t cap_bytes) {
   sb_state* s = S(h);
@@ -503,7 +503,6 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   sb_handle* hs = a->handles + a->nhandles; /* the new ones, recorded past the end for now */
   while (made < pages) {
     size_t np = pages - made < max_pages ? pages - made : max_pages;
-    if (exact && getenv("X_POW2")) { size_t q = 1; while (q * 2 <= np) q *= 2; np = q; }
     uint64_t handle = 0;
     st = PCALL(h, phys_create, h->device, np * G, &handle);
     if (st == STASH_ERR_OOM && made == 0 && k == 0 && pages > need_pages) {
@@ -721,19 +720,6 @@ static void stitch_return(stash_heap_t* h, sb_stitch* st, uint32_t tag, uint64_t
   }
 }
 
-/* Memory is wanted: the idle stitched ranges give their pages back to the arena (no driver
- * call: the pages are mapped there all along). Returns whether any did. */
-static bool release_idle(stash_heap_t* h) {
-  bool any = false;
-  for (sb_stitch* x = S(h)->stitches; x; x = x->next_st) {
-    if (!x->idle) continue;
-    x->idle = false;
-    stitch_return(h, x, x->tag, x->epoch);
-    any = true;
-  }
-  return any;
-}
-
 /* Map st's home pages at st->va, one map call per run within one physical allocation. */
 static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
   sb_arena* a = &S(h)->arenas[1];
@@ -824,22 +810,9 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, uint
   }
   sb_block* t = a->last;
   if (got < n && t && t->kind == K_FREE && tag_ok(t, slot)) take_whole_handles(h, t, n, homes, &got);
-  if (getenv("X_DEBUG")) fprintf(stderr, "pick n=%zu got=%zu mapped=%zu\n", n, got, a->mapped / G);
-  if (getenv("X_DEBUG")) {
-    int shown = 0;
-    for (bs_node_t* x = _stash_bs_last(&a->by_size[slot]); x && shown < 5; x = _stash_bs_prev(x), shown++) {
-      sb_block* hb = FROM_SNODE(x);
-      size_t g2 = 0; uint32_t tmp[4096];
-      if (hb->size / G < 4096) take_whole_handles(h, hb, hb->size / G, tmp, &g2);
-      fprintf(stderr, "   hole %zu MiB at page %zu whole-handle pages %zu%s\n", hb->size >> 20, (size_t)(hb->ptr - a->base) / G, g2, hb == a->last ? " (tail)" : "");
-    }
-  }
-
-  if (getenv("X_MINFRAC") && got * xenv("X_MINFRAC", 0) < n << 20) return STASH_ERR_NOT_READY; /* too little to stitch: grow instead */
-  if (getenv("X_DEBUG")) fprintf(stderr, "stitch n=%zu from-handles=%zu grow=%zu tailfree=%zu mapped=%zu\n", n, got, n-got, (t && t->kind==K_FREE)? t->size/G : 0, a->mapped/G);
   if (got < n) {
     size_t first = a->mapped / G;
-    stash_status_t st = arena_grow(h, a, n - got, slot, true, xenv("X_REMCAP", SIZE_MAX));
+    stash_status_t st = arena_grow(h, a, n - got, slot, true, kStitchPiece);
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
@@ -864,24 +837,11 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   size_t n = (size + G - 1) / G;
   sb_stitch* best = NULL;
   for (sb_stitch* st = s->stitches; st; st = st->next_st) {
-    if (!st->idle || (st->tag && st->tag != slot)) continue;
-    if (st->npages < n || st->npages * G * 100 > xenv("X_SLACK", (size_t)200 << 20) / (1 << 20) * size + 100 * G) continue;
-    if (!best || st->npages < best->npages) best = st;
-  }
-  if (best) {
-    if (getenv("X_DEBUG")) fprintf(stderr, "reuse-idle n=%zu range=%zu\n", n, best->npages);
-    best->idle = false;
-    *out = best;
-    return STASH_OK;
-  }
-  release_idle(h);
-  for (sb_stitch* st = s->stitches; st; st = st->next_st) {
-    if (st->user || st->idle || st->npages < n || st->npages * G * 100 > xenv("X_SLACK", (size_t)200 << 20) / (1 << 20) * size + 100 * G) continue;
+    if (st->user || st->npages < n || st->npages * G > 2 * size + G) continue;
     if (best && st->npages >= best->npages) continue;
     if (stitch_available(h, st, slot)) best = st;
   }
   if (best) {
-    if (getenv("X_DEBUG")) fprintf(stderr, "reuse n=%zu range=%zu\n", n, best->npages);
     stash_status_t r = stitch_lend(h, best);
     if (r != STASH_OK) return r;
     *out = best;
@@ -937,25 +897,12 @@ static stash_status_t release_cache(stash_heap_t* h);
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
-  bool big = !a->small && size >= kStitchMin;
-  sb_block* b = (big && getenv("X_BIGFIRST")) ? NULL : best_fit(a, size, slot);
-  if (b && getenv("X_TOPFIT") && size >= xenv("X_TOPFIT", 0)) {
-    for (bs_node_t* x = _stash_bs_last(&a->by_addr); x; x = _stash_bs_prev(x)) {
-      sb_block* c = FROM_ANODE(x);
-      if (c->size >= size && tag_ok(c, slot)) { b = c; break; }
-    }
-  }
-  if (!b && !a->small && !big && release_idle(h)) b = best_fit(a, size, slot);
+  sb_block* b = best_fit(a, size, slot);
   if (!b && !a->small && size >= kStitchMin) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
     stash_status_t r = stitch_alloc(h, size, slot, &st);
-    if (r == STASH_ERR_NOT_READY) {
-      block_delete(s, ub);
-      if (getenv("X_BIGFIRST")) b = best_fit(a, size, slot);
-      goto grow;
-    }
     if (r != STASH_OK) {
       block_delete(s, ub);
       return r;
@@ -968,27 +915,9 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     *out = ub;
     return STASH_OK;
   }
-grow:
-  if (!b && big && getenv("X_ALIGNBIG")) {
-    uint64_t at = a->base + a->mapped;
-    stash_status_t r = arena_grow(h, a, (size + G - 1) / G, slot, true, xenv("X_BIGCAP", SIZE_MAX));
-    if (r != STASH_OK) return r;
-    b = free_containing(a, at, size);
-    if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
-    sb_block* pre = block_new(s);
-    sb_block* post = block_new(s);
-    if (!pre || !post) {
-      if (pre) block_delete(s, pre);
-      if (post) block_delete(s, post);
-      return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-    }
-    *out = carve(s, b, at, size, pre, post);
-    (*out)->kind = K_USER;
-    return STASH_OK;
-  }
   if (!b) {
     size_t tail = free_tail(a, slot);
-    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false, size >= kStitchMin ? xenv("X_BIGCAP", SIZE_MAX) : kHandleMaxBytes);
+    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false, SIZE_MAX);
     if (r != STASH_OK) return r;
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
@@ -1108,13 +1037,7 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   if (b->stitch) {
     sb_stitch* st = b->stitch;
     st->user = NULL;
-    if (getenv("X_IDLE")) {
-      st->idle = true; /* its pages stay lent until the memory is wanted elsewhere */
-      st->tag = slot;
-      st->epoch = epoch;
-    } else {
-      stitch_return(h, st, slot, epoch);
-    }
+    stitch_return(h, st, slot, epoch);
     block_delete(s, b);
     return;
   }
@@ -1179,7 +1102,6 @@ static stash_status_t release_cache(stash_heap_t* h) {
   h->stats.num_sync_all_streams++;
   stash_status_t st = _stash_events_poll(h, &s->events, true, event_done);
   if (st != STASH_OK) return st;
-  release_idle(h);
   /* Blocks still tagged were freed on their stream after its last completed epoch: wait
    * for that stream (unmapping does not wait for the GPU), then they are free for all. */
   stash_status_t first = STASH_OK;
@@ -1412,8 +1334,7 @@ static stash_status_t sb_check(stash_heap_t* h) {
       } else if (b->kind == K_DEAD) {
         /* held, not usable: counted in reserved only */
       } else if (b->kind == K_PHANTOM) {
-        if (!b->stitch || !(b->stitch->user || b->stitch->idle))
-          FAIL("a phantom block lends to no live or idle stitched block");
+        if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
       } else {
         active_n[t]++;
         active_b[t] += (int64_t)b->size;

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "fixture.h"
+#include "internal.h"
 
 #define CHECK_NEAR(a, b) CHECK(fabs((double)(a) - (double)(b)) < 1e-6)
 
@@ -152,29 +153,45 @@ TEST(aliases_and_costs) {
   CHECK_OK(p->mem_alloc(x, 0, 20 * MiB, &b));
   CHECK_OK(p->mem_alloc(x, 0, 512 * MiB, &c));
   CHECK_NEAR(stash_sim_modeled_us(sim) - c0, 31.0 + 36.0 + 61.0);
-  /* One 8 MiB physical allocation mapped in pieces, and a page of it at two addresses. */
-  uint64_t va, h;
-  CHECK_OK(p->va_reserve(x, 0, 16 * MiB, &va));
+  /* As the driver: whole physical allocations only (offset 0, the whole size), at as many
+   * addresses as wanted; unmapped whole (tools/gpu/probe_map.txt). */
+  uint64_t va, h, h2;
+  CHECK_OK(p->va_reserve(x, 0, 32 * MiB, &va));
   CHECK_OK(p->phys_create(x, 0, 8 * MiB, &h));
+  CHECK_OK(p->phys_create(x, 0, 2 * MiB, &h2));
   CHECK_EQ(p->map(x, 0, va, 4 * MiB, h, 3 * MiB), STASH_ERR_INVALID); /* unaligned offset */
   CHECK_EQ(p->map(x, 0, va, 4 * MiB, h, 6 * MiB), STASH_ERR_INVALID); /* past the end */
-  CHECK_OK(p->map(x, 0, va, 4 * MiB, h, 2 * MiB));
-  CHECK_OK(p->map(x, 0, va + 4 * MiB, 2 * MiB, h, 2 * MiB)); /* an alias of the first page */
+  CHECK_EQ(p->map(x, 0, va, 2 * MiB, h, 2 * MiB), STASH_ERR_DRIVER);  /* a part */
+  CHECK_STR_CONTAINS(_stash_provider_message(), "whole allocations only");
+  CHECK_EQ(p->map(x, 0, va, 2 * MiB, h, 0), STASH_ERR_DRIVER);        /* a prefix */
+  CHECK_OK(p->map(x, 0, va, 8 * MiB, h, 0));
+  CHECK_OK(p->map(x, 0, va + 8 * MiB, 2 * MiB, h2, 0));
+  CHECK_OK(p->map(x, 0, va + 16 * MiB, 8 * MiB, h, 0)); /* h again: an alias */
   double before = stash_sim_modeled_us(sim);
-  CHECK_OK(p->set_access(x, 0, va, 6 * MiB)); /* two pieces: 20 + 27 */
-  CHECK_NEAR(stash_sim_modeled_us(sim) - before, 47.0);
-  CHECK(stash_sim_is_usable(sim, 0, va, 6 * MiB));
+  CHECK_OK(p->set_access(x, 0, va, 10 * MiB)); /* two pieces, 8 + 2 MiB */
+  CHECK_NEAR(stash_sim_modeled_us(sim) - before, 2 * 18.5 + 0.07 * 10 + 0.033 * 2);
+  CHECK(stash_sim_is_usable(sim, 0, va, 10 * MiB));
+  CHECK(!stash_sim_is_usable(sim, 0, va + 16 * MiB, 8 * MiB)); /* mapped, not accessible */
+  CHECK_OK(p->set_access(x, 0, va + 16 * MiB, 8 * MiB));
+  uint64_t p1 = 0, p2 = 0;
+  CHECK_EQ(stash_sim_translate(sim, 0, va + 4096, 16 * MiB, &p1), 8 * MiB - 4096); /* one run */
+  CHECK_EQ(stash_sim_translate(sim, 0, va + 16 * MiB + 4096, MiB, &p2), MiB);
+  CHECK_EQ(p1, p2); /* the same physical byte behind both addresses */
+  CHECK_EQ(stash_sim_translate(sim, 0, va + 10 * MiB, MiB, &p2), 0); /* nothing mapped */
   stash_sim_usage_t u;
   stash_sim_usage(sim, 0, &u);
-  CHECK_EQ(u.mapped_pages, 3);
+  CHECK_EQ(u.mapped_pages, 9);
+  CHECK_EQ(p->unmap(x, 0, va, 2 * MiB), STASH_ERR_INVALID); /* part of a mapping */
   CHECK_OK(p->phys_release(x, 0, h)); /* released while mapped: freed at the last unmap */
   stash_sim_usage(sim, 0, &u);
-  CHECK_EQ(u.handles, 0);
-  CHECK(u.used_bytes >= 8 * MiB);
+  CHECK_EQ(u.handles, 1);
+  CHECK(u.used_bytes >= 10 * MiB);
   before = stash_sim_modeled_us(sim);
-  CHECK_OK(p->unmap(x, 0, va, 6 * MiB)); /* two pieces: 14 + 15.6 */
-  CHECK_NEAR(stash_sim_modeled_us(sim) - before, 14.0 + 15.6);
-  CHECK_OK(p->va_free(x, 0, va, 16 * MiB));
+  CHECK_OK(p->unmap(x, 0, va, 10 * MiB)); /* two pieces */
+  CHECK_NEAR(stash_sim_modeled_us(sim) - before, 2 * 12.5 + 0.035 * 10 + 0.012 * 2);
+  CHECK_OK(p->unmap(x, 0, va + 16 * MiB, 8 * MiB));
+  CHECK_OK(p->phys_release(x, 0, h2));
+  CHECK_OK(p->va_free(x, 0, va, 32 * MiB));
   CHECK_OK(p->mem_free(x, 0, a, 2 * MiB));
   CHECK_OK(p->mem_free(x, 0, b, 20 * MiB));
   CHECK_OK(p->mem_free(x, 0, c, 512 * MiB));

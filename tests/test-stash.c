@@ -308,6 +308,152 @@ TEST(memory_fraction_limits_reserved) {
   fx_close(&f);
 }
 
+
+/* ---- stitching ---------------------------------------------------------------------------- */
+
+/* The physical byte behind an address (and how far it continues), from the simulated
+ * device. */
+static uint64_t phys_of(fixture_t* f, void* p, size_t* run) {
+  uint64_t ph = 0;
+  size_t r = stash_sim_translate(f->sim, 0, U(p), 1ull << 40, &ph);
+  if (run) *run = r;
+  return ph;
+}
+
+static bool phys_overlap(fixture_t* f, void* a, size_t na, void* b, size_t nb) {
+  /* page by page: does any physical page of a's range back b's range too? */
+  for (size_t i = 0; i < na; i += 2 * MiB) {
+    uint64_t pa = 0, pb = 0;
+    if (!stash_sim_translate(f->sim, 0, U(a) + i, 1, &pa)) continue;
+    for (size_t j = 0; j < nb; j += 2 * MiB) {
+      if (stash_sim_translate(f->sim, 0, U(b) + j, 1, &pb) && pa / (2 * MiB) == pb / (2 * MiB))
+        return true;
+    }
+  }
+  return false;
+}
+
+/* Layout of the large arena: [A 100 MiB][B 30][C 100][D 4 + 16 free], one physical
+ * allocation per growth. */
+static void layout(fixture_t* f, void* p[4], void* s) {
+  p[0] = fx_alloc(f, 100 * MiB, s);
+  p[1] = fx_alloc(f, 30 * MiB, s);
+  p[2] = fx_alloc(f, 100 * MiB, s);
+  p[3] = fx_alloc(f, 4 * MiB, s);
+  CHECK_EQ(STAT(f, segment, LARGE, current), 4);
+  CHECK_EQ(STAT(f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
+}
+
+TEST(stitching_takes_whole_free_allocations_of_holes) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  size_t run = 0;
+  uint64_t phys_a = phys_of(&f, p[0], &run);
+  CHECK_EQ(run, 100 * MiB);
+  fx_free(&f, p[0]); /* a 100 MiB hole: one whole physical allocation */
+  uint64_t calls = memory_calls(&f);
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* fits nowhere: stitched from A's and 200 new */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
+  /* the new 200 MiB come in pieces of at most 64 MiB: 64 + 64 + 64 + 8 */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 4 + 4);
+  find_t q = find(&f, x);
+  CHECK_EQ(q.state, STASH_BLOCK_ALLOCATED);
+  CHECK(q.in_stitched); /* at an address of its own */
+  CHECK_EQ(phys_of(&f, x, &run), phys_a); /* its first 100 MiB are A's memory */
+  CHECK_EQ(run, 100 * MiB);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 300 * MiB); /* lent, in the arena */
+  CHECK(memory_calls(&f) > calls);
+  /* while it lives, the arena cannot hand out its memory twice */
+  void* y = fx_alloc(&f, 90 * MiB, S1);
+  CHECK(!phys_overlap(&f, x, 300 * MiB, y, 90 * MiB));
+  fx_free(&f, x); /* its pages go back to the arena */
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 0);
+  CHECK_EQ(find(&f, x).state, STASH_BLOCK_ALIAS); /* the range stays mapped, cached */
+  /* the same size again: the same range, without a single provider call */
+  calls = memory_calls(&f);
+  void* x2 = fx_alloc(&f, 300 * MiB, S1);
+  CHECK_EQ(U(x2), U(x));
+  fx_free(&f, x2);
+  void* x3 = fx_alloc(&f, 280 * MiB, S1); /* smaller, but more than half: reused too */
+  CHECK_EQ(U(x3), U(x));
+  CHECK_EQ(memory_calls(&f), calls);
+  fx_free(&f, x3);
+  fx_free(&f, y);
+  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
+TEST(stitching_never_maps_part_of_an_allocation) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  fx_free(&f, p[0]);
+  void* a1 = fx_alloc(&f, 50 * MiB, S1); /* A's allocation is half used: not whole */
+  CHECK_EQ(U(a1), U(p[0]));
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* all of it new memory */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 550 * (int64_t)MiB);
+  CHECK(!phys_overlap(&f, x, 300 * MiB, a1, 50 * MiB));
+  CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB)); /* not even A's free half */
+  fx_free(&f, x);
+  fx_free(&f, a1);
+  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
+TEST(stitching_respects_streams) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  fx_free(&f, p[0]); /* S1's until an event on S1 completes */
+  void* x = fx_alloc(&f, 300 * MiB, S2); /* cannot take A's memory */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 550 * (int64_t)MiB);
+  CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB));
+  /* freed on S2 with a use on S1 recorded: pending, its memory still lent */
+  CHECK_OK(stash_heap_record_stream(f.heap, x, S1));
+  fx_free(&f, x);
+  CHECK_EQ(find(&f, x).state, STASH_BLOCK_PENDING_FREE);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 300 * MiB);
+  stash_sim_complete(f.sim, S1); /* S1 is done with x: it is free, S2's for now */
+  void* t = fx_alloc(&f, 1000, S1); /* S1 allocates: an event on S2 closes S2's epoch */
+  CHECK_EQ(find(&f, x).state, STASH_BLOCK_ALIAS);
+  stash_sim_complete(f.sim, S2);
+  int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+  uint64_t calls = memory_calls(&f);
+  void* y = fx_alloc(&f, 300 * MiB, S1); /* the epoch is over: x's memory serves S1 */
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(memory_calls(&f), calls);
+  CHECK(phys_overlap(&f, x, 300 * MiB, y, 300 * MiB));
+  fx_free(&f, y);
+  fx_free(&f, t);
+  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
+TEST(empty_cache_unmaps_free_stitched_ranges) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  fx_free(&f, p[0]);
+  void* x = fx_alloc(&f, 300 * MiB, S1);
+  fx_free(&f, x);
+  uint64_t unmaps = stash_sim_calls(f.sim, STASH_CALL_unmap);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  CHECK(stash_sim_calls(f.sim, STASH_CALL_unmap) > unmaps);
+  CHECK_EQ(find(&f, x).state, -1); /* the range is gone */
+  /* the arena's free end (the 200 MiB of new pieces and D's) is given back; A's stays */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
+  void* y = fx_alloc(&f, 300 * MiB, S1); /* and stitching works again */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
+  fx_free(&f, y);
+  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
 /* ---- the steady state ------------------------------------------------------------------- */
 
 /* A training step in miniature: parameters live throughout; each step allocates
@@ -349,6 +495,10 @@ int main(void) {
   RUN(empty_cache_gives_back_the_free_ends);
   RUN(out_of_memory_releases_then_fails_cleanly);
   RUN(memory_fraction_limits_reserved);
+  RUN(stitching_takes_whole_free_allocations_of_holes);
+  RUN(stitching_never_maps_part_of_an_allocation);
+  RUN(stitching_respects_streams);
+  RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   TEST_MAIN_END();
 }
