@@ -260,8 +260,8 @@ static sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size) {
 }
 
 /* Carve [at, at + size) out of free block b (which contains it); the pieces before and
- * after stay free with b's tag. `mid`, `pre` and `post` are spare metadata (used or
- * deleted). Returns the carved block (not in any set, kind to be set by the caller). */
+ * after stay free with b's tag. `pre` and `post` are spare metadata, used or deleted (NULL
+ * where that piece cannot exist). Returns the carved block (not in any set, kind to be set by the caller). */
 static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_block* pre,
                        sb_block* post) {
   free_remove(s, b);
@@ -279,7 +279,7 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
     b->ptr = at;
     b->size = end - at;
     free_insert(s, pre);
-  } else {
+  } else if (pre) {
     block_delete(s, pre);
   }
   if (at + size < end) {
@@ -291,7 +291,7 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
     link_after(post, b);
     b->size = size;
     free_insert(s, post);
-  } else {
+  } else if (post) {
     block_delete(s, post);
   }
   b->tag = 0;
@@ -922,14 +922,10 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
   }
-  sb_block* pre = block_new(s);
-  sb_block* post = block_new(s);
-  if (!pre || !post) {
-    if (pre) block_delete(s, pre);
-    if (post) block_delete(s, post);
+  sb_block* post = NULL; /* the rest of b, if any: split off its front */
+  if (size < b->size && !(post = block_new(s)))
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-  }
-  *out = carve(s, b, b->ptr, size, pre, post);
+  *out = carve(s, b, b->ptr, size, NULL, post);
   (*out)->kind = K_USER;
   return STASH_OK;
 }
