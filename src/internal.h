@@ -181,6 +181,28 @@ STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
 /* Destroy every event (queued or pooled); returns the first error. */
 STASH_HIDDEN stash_status_t _stash_events_destroy(stash_heap_t* h, stash_events_t* e);
 
+/* ---- zombies.c: memory the driver refused to take back, retried later ------------------- */
+
+typedef struct stash_zombie_s {
+  uint64_t va;     /* a mapping still to unmap (0: none) */
+  size_t size;     /* its size (or the memory's, for the message when it is lost) */
+  uint64_t handle; /* a physical allocation still to release (0: none) */
+} stash_zombie_t;
+
+typedef struct stash_zombies_s {
+  stash_zombie_t* v;
+  size_t n, cap;
+} stash_zombies_t;
+
+STASH_HIDDEN void _stash_zombies_add(stash_zombies_t* z, uint64_t va, size_t size,
+                                     uint64_t handle);
+/* Try again to unmap, then release, every zombie; keeps those the driver still refuses and
+ * returns the first error. */
+STASH_HIDDEN stash_status_t _stash_zombies_release(stash_heap_t* h, stash_zombies_t* z);
+/* Whether a zombie mapping lies inside [base, base+size). */
+STASH_HIDDEN bool _stash_zombies_within(const stash_zombies_t* z, uint64_t base, size_t size);
+STASH_HIDDEN void _stash_zombies_free(stash_zombies_t* z);
+
 /* ---- heap.c: the heap object shared by the policies -------------------------------------- */
 
 typedef struct stash_policy_ops_s stash_policy_ops_t;

@@ -83,11 +83,6 @@ struct pt_block_s {
   uint8_t where;
 };
 
-typedef struct pt_zombie_s { /* a page the provider refused to give back */
-  uint64_t va;     /* still mapped at va (0: already unmapped) */
-  size_t size;
-  uint64_t handle;
-} pt_zombie;
 
 typedef struct pt_state_s {
   pt_pool large;
@@ -97,8 +92,7 @@ typedef struct pt_state_s {
   ptrmap_t allocated; /* address -> allocated block */
   pt_seg* segs;
   stash_events_t events; /* PyTorch's cuda_events and its event pool */
-  pt_zombie* zombies;  /* pages whose unmap or release failed, retried later */
-  size_t nzombies, cap_zombies;
+  stash_zombies_t zombies; /* pages whose unmap or release failed, retried later */
 } pt_state;
 
 typedef struct alloc_params_s {
@@ -370,49 +364,6 @@ static stash_status_t release_block(stash_heap_t* h, pt_block* b) {
   return STASH_OK;
 }
 
-static void zombie_add(stash_heap_t* h, uint64_t va, size_t size, uint64_t handle) {
-  pt_state* s = S(h);
-  if (s->nzombies == s->cap_zombies) {
-    size_t cap = s->cap_zombies ? s->cap_zombies * 2 : 8;
-    pt_zombie* v = realloc(s->zombies, cap * sizeof *v);
-    if (!v) return; /* cannot even remember it: the page leaks in the provider */
-    s->zombies = v;
-    s->cap_zombies = cap;
-  }
-  s->zombies[s->nzombies++] = (pt_zombie){va, size, handle};
-}
-
-/* Retry giving back pages the provider refused earlier (unmap, then release). */
-static stash_status_t zombies_release(stash_heap_t* h) {
-  pt_state* s = S(h);
-  stash_status_t first = STASH_OK;
-  size_t k = 0;
-  for (size_t i = 0; i < s->nzombies; i++) {
-    pt_zombie* z = &s->zombies[i];
-    stash_status_t st = STASH_OK;
-    if (z->va) {
-      st = PCALL(h, unmap, h->device, z->va, z->size);
-      if (st == STASH_OK) z->va = 0;
-      else if (first == STASH_OK) first = prov_fail(h, st, "unmap a page");
-    }
-    if (st == STASH_OK) {
-      st = PCALL(h, phys_release, h->device, z->handle);
-      if (st != STASH_OK && first == STASH_OK) first = prov_fail(h, st, "release a physical page");
-    }
-    if (st != STASH_OK) s->zombies[k++] = *z;
-  }
-  s->nzombies = k;
-  return first;
-}
-
-/* Whether a refused page still sits inside [base, base+size). */
-static bool zombie_within(const pt_state* s, uint64_t base, size_t size) {
-  for (size_t i = 0; i < s->nzombies; i++) {
-    if (s->zombies[i].va >= base && s->zombies[i].va < base + size) return true;
-  }
-  return false;
-}
-
 static void trim_handles(pt_seg* g) {
   while (g->nhandles && !g->handles[g->nhandles - 1]) g->nhandles--;
 }
@@ -434,7 +385,7 @@ static size_t unmap_pages(stash_heap_t* h, pt_seg* g, size_t begin, size_t end,
     st = PCALL(h, phys_release, h->device, handle);
     if (st != STASH_OK) {
       if (*err == STASH_OK) *err = prov_fail(h, st, "release a physical page");
-      zombie_add(h, 0, 0, handle);
+      _stash_zombies_add(&S(h)->zombies, 0, 0, handle);
     }
   }
   trim_handles(g);
@@ -482,9 +433,9 @@ undo:
   for (size_t i = begin; i < created; i++) {
     uint64_t va = g->base + i * g->page;
     if (i < mapped && PCALL(h, unmap, h->device, va, g->page) != STASH_OK) {
-      zombie_add(h, va, g->page, g->handles[i]); /* still mapped: retried later */
+      _stash_zombies_add(&S(h)->zombies, va, g->page, g->handles[i]); /* still mapped: later */
     } else if (PCALL(h, phys_release, h->device, g->handles[i]) != STASH_OK) {
-      zombie_add(h, 0, 0, g->handles[i]);
+      _stash_zombies_add(&S(h)->zombies, 0, 0, g->handles[i]);
     }
     g->handles[i] = 0;
   }
@@ -567,8 +518,9 @@ static stash_status_t unmap_block(stash_heap_t* h, pt_block* b) {
 static stash_status_t release_expandable_segment(stash_heap_t* h, pt_block* b) {
   pt_state* s = S(h);
   pt_seg* g = b->seg;
-  if (zombie_within(s, g->base, g->size) && zombies_release(h) != STASH_OK &&
-      zombie_within(s, g->base, g->size))
+  if (_stash_zombies_within(&s->zombies, g->base, g->size) &&
+      _stash_zombies_release(h, &s->zombies) != STASH_OK &&
+      _stash_zombies_within(&s->zombies, g->base, g->size))
     return _stash_error(STASH_ERR_DRIVER, "cannot free an address range that still has a "
                         "page the provider refused to unmap");
   stash_status_t st = PCALL(h, va_free, h->device, g->base, g->max_pages * g->page);
@@ -627,7 +579,7 @@ static stash_status_t release_cached_blocks(stash_heap_t* h) {
   pt_state* s = S(h);
   stash_status_t a = release_blocks(h, &s->large);
   stash_status_t b = release_blocks(h, &s->small);
-  stash_status_t z = zombies_release(h);
+  stash_status_t z = _stash_zombies_release(h, &S(h)->zombies);
   return a != STASH_OK ? a : b != STASH_OK ? b : z;
 }
 
@@ -984,7 +936,7 @@ static void release_empty_expandable_segments(stash_heap_t* h) {
     pt_seg* next = g->next_seg;
     /* Quietly: this runs after the call's own error was reported. */
     if (g->expandable && g->nhandles == 0 && !g->head->next && !g->head->mapped &&
-        !zombie_within(s, g->base, g->size) &&
+        !_stash_zombies_within(&s->zombies, g->base, g->size) &&
         PCALL(h, va_free, h->device, g->base, g->size) == STASH_OK) {
       pt_block* b = g->head;
       pool_erase(b);
@@ -1158,7 +1110,7 @@ static stash_status_t pt_destroy(stash_heap_t* h) {
     if (r_ != STASH_OK && first == STASH_OK) first = r_; \
   } while (0)
   KEEP(_stash_events_destroy(h, &s->events));
-  KEEP(zombies_release(h));
+  KEEP(_stash_zombies_release(h, &S(h)->zombies));
   for (pt_seg* g = s->segs; g;) {
     pt_seg* next = g->next_seg;
     if (g->expandable) {
@@ -1181,7 +1133,7 @@ static stash_status_t pt_destroy(stash_heap_t* h) {
   }
 #undef KEEP
   if (first != STASH_OK) first = prov_fail(h, first, "give memory back while destroying the heap");
-  free(s->zombies);
+  _stash_zombies_free(&s->zombies);
   _stash_ptrmap_free(&s->allocated);
   _stash_slab_destroy(&s->block_slab);
   _stash_slab_destroy(&s->seg_slab);

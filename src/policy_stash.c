@@ -60,11 +60,6 @@ typedef struct sb_stitch_s sb_stitch;
  * could not be undone): held, never handed out, retried by empty_cache. */
 enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3 };
 
-typedef struct sb_zombie_s { /* memory the driver refused to take back: retried later */
-  uint64_t va;               /* a mapping still to unmap (0: none) */
-  size_t size;
-  uint64_t handle;           /* a physical allocation still to release (0: none) */
-} sb_zombie;
 
 struct sb_block_s {
   bs_node_t snode;    /* free: in arena->by_size[tag], by (size, address) */
@@ -134,8 +129,7 @@ typedef struct sb_state_s {
   uint64_t stitch_va, stitch_va_end;  /* bump allocation of stitched ranges */
   uint64_t* va_ranges; /* every reservation, for destroy: pairs (va, size) */
   size_t nva_ranges, cap_va_ranges;
-  sb_zombie* zombies;
-  size_t nzombies, cap_zombies;
+  stash_zombies_t zombies; /* memory the driver refused to take back, retried later */
   slab_t block_slab;
   ptrmap_t allocated;  /* address -> user block (live) */
   stash_events_t events;
@@ -410,46 +404,6 @@ static stash_status_t va_reserve(stash_heap_t* h, size_t size, uint64_t* out) {
   return STASH_OK;
 }
 
-/* Remember memory the driver would not take back, to try again later. Without host memory
- * for the note it is lost to the process (and said so). */
-static void zombie_add(stash_heap_t* h, uint64_t va, size_t size, uint64_t handle) {
-  sb_state* s = S(h);
-  if (s->nzombies == s->cap_zombies) {
-    size_t cap = s->cap_zombies ? s->cap_zombies * 2 : 4;
-    sb_zombie* v = realloc(s->zombies, cap * sizeof *v);
-    if (!v) {
-      fprintf(stderr, "stash: out of host memory: %zu bytes of device memory are lost\n", size);
-      return;
-    }
-    s->zombies = v;
-    s->cap_zombies = cap;
-  }
-  s->zombies[s->nzombies++] = (sb_zombie){va, size, handle};
-}
-
-static stash_status_t zombies_release(stash_heap_t* h) {
-  sb_state* s = S(h);
-  stash_status_t first = STASH_OK;
-  size_t k = 0;
-  for (size_t i = 0; i < s->nzombies; i++) {
-    sb_zombie* z = &s->zombies[i];
-    stash_status_t st = STASH_OK;
-    if (z->va) {
-      st = PCALL(h, unmap, h->device, z->va, z->size);
-      if (st == STASH_OK) z->va = 0;
-      else if (first == STASH_OK) first = prov_fail(h, st, "unmap memory");
-    }
-    if (st == STASH_OK && z->handle) {
-      st = PCALL(h, phys_release, h->device, z->handle);
-      if (st == STASH_OK) z->handle = 0;
-      else if (first == STASH_OK) first = prov_fail(h, st, "release physical memory");
-    }
-    if (st != STASH_OK) s->zombies[k++] = *z;
-  }
-  s->nzombies = k;
-  return first;
-}
-
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 static stash_status_t arena_reserve(stash_heap_t* h, sb_arena* a) {
@@ -569,7 +523,7 @@ undo:
       goto keep;
     }
     if (PCALL(h, phys_release, h->device, x->handle) != STASH_OK)
-      zombie_add(h, 0, x->npages * G, x->handle);
+      _stash_zombies_add(&S(h)->zombies, 0, x->npages * G, x->handle);
     mapped = off < mapped ? off : mapped;
     k--;
   }
@@ -592,7 +546,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     if (released != STASH_OK) {
       /* Unmapped but not released: the arena lets it go all the same; the release is
        * tried again by the next empty_cache, and at the latest by destroy. */
-      zombie_add(h, 0, bytes, hd->handle);
+      _stash_zombies_add(&S(h)->zombies, 0, bytes, hd->handle);
     }
     free_remove(s, t);
     if (t->ptr == start) {
@@ -750,7 +704,7 @@ static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
     if (err != STASH_OK) err = prov_fail(h, err, "set access to a stitched range");
   }
   if (err != STASH_OK && done && PCALL(h, unmap, h->device, st->va, done * G) != STASH_OK)
-    zombie_add(h, st->va, done * G, 0);
+    _stash_zombies_add(&S(h)->zombies, st->va, done * G, 0);
   return err;
 }
 
@@ -873,7 +827,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   if (r == STASH_OK) {
     r = stitch_lend(h, st);
     if (r != STASH_OK && PCALL(h, unmap, h->device, st->va, n * G) != STASH_OK)
-      zombie_add(h, st->va, n * G, 0);
+      _stash_zombies_add(&S(h)->zombies, st->va, n * G, 0);
   }
   if (r != STASH_OK) {
     /* Pages picked from holes are still free; a mapping made is undone by stitch_map. */
@@ -1124,7 +1078,7 @@ static stash_status_t release_cache(stash_heap_t* h) {
     r = arena_shrink(h, &s->arenas[i]);
     if (r != STASH_OK && first == STASH_OK) first = r;
   }
-  stash_status_t r = zombies_release(h);
+  stash_status_t r = _stash_zombies_release(h, &S(h)->zombies);
   if (r != STASH_OK && first == STASH_OK) first = r;
   return first;
 }
@@ -1168,8 +1122,8 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
     if (r_ != STASH_OK && first == STASH_OK) first = r_; \
   } while (0)
   KEEP(_stash_events_destroy(h, &s->events));
-  KEEP(zombies_release(h));
-  free(s->zombies);
+  KEEP(_stash_zombies_release(h, &S(h)->zombies));
+  _stash_zombies_free(&s->zombies);
   for (sb_stitch* x = s->stitches; x;) {
     sb_stitch* next = x->next_st;
     KEEP(PCALL(h, unmap, h->device, x->va, x->npages * G));
