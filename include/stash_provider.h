@@ -77,7 +77,9 @@ struct stash_provider_s {
 
   /* Virtual memory (optional as a group). Sizes, offsets and addresses are multiples of
    * the granularity. map maps [offset, offset+size) of a physical allocation at va (one
-   * physical allocation may be mapped at several addresses); set_access makes
+   * physical allocation may be mapped at several addresses); the CUDA driver accepts only
+   * offset 0 and the allocation's whole size, and unmaps only whole mappings
+   * (docs/driver-costs.md), and stash asks for nothing else. set_access makes
    * [va, va+size) readable and writable by the device. */
   stash_status_t (*va_reserve)(void* ctx, int device, size_t size, uint64_t* va);
   stash_status_t (*va_free)(void* ctx, int device, uint64_t va, size_t size);
@@ -158,8 +160,8 @@ STASH_API void stash_sim_fail_random(stash_sim_t* sim, stash_provider_call_t cal
                                      uint64_t seed, stash_status_t status);
 /* The modelled driver time of the calls so far, in microseconds: each call costs what it
  * was measured to cost on an H200 (cuMemAlloc 31-61 us by size, cuMemCreate 7.3-13,
- * cuMemMap 0.6, cuMemSetAccess 20 plus 27 per further mapped piece in the range, cuMemUnmap
- * 14 plus 15.6 per further piece, ...; the table is in provider_sim.c and
+ * cuMemMap 0.6, cuMemSetAccess about 18.5 per separately mapped piece in the range,
+ * cuMemUnmap about 12.5 per piece, ...; the table is in provider_sim.c and
  * docs/driver-costs.md). */
 STASH_API double stash_sim_modeled_us(const stash_sim_t* sim);
 /* The same for one kind of call (STASH_CALL_ANY: all). */
