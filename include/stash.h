@@ -193,6 +193,13 @@ STASH_API stash_status_t stash_heap_reset_peak_stats(stash_heap_t* heap);
  * (torch.cuda.reset_accumulated_memory_stats). */
 STASH_API stash_status_t stash_heap_reset_accumulated_stats(stash_heap_t* heap);
 
+/* The heap's statistics as stash_stats_json writes them (for bindings that cannot size a
+ * stash_stats_t): the JSON's full length, or 0 with buf empty if the heap is NULL.
+ * Thread-safe. */
+STASH_API size_t stash_heap_stats_json(stash_heap_t* heap, char* buf, size_t n);
+/* The heap's memory_summary() table (stash_stats_summary). Thread-safe. */
+STASH_API size_t stash_heap_summary(stash_heap_t* heap, bool abbreviated, char* buf, size_t n);
+
 /* Write stats as one JSON object with the flattened, sorted keys of
  * torch.cuda.memory_stats() ("active.all.current": 3, ...) into buf (NUL-terminated,
  * truncated to n). Returns the length the full text needs. Thread-safe. */
@@ -251,6 +258,38 @@ STASH_API stash_status_t stash_heap_visit(stash_heap_t* heap, stash_visit_fn fn,
  * first broken invariant in stash_last_error(). For tests and debugging; O(heap size). */
 STASH_API stash_status_t stash_heap_check(stash_heap_t* heap);
 
+/* ---- History (PyTorch's torch.cuda.memory._record_memory_history) ----------------------- */
+
+typedef enum stash_trace_action_e {
+  STASH_TRACE_ALLOC = 0,          /* a block handed out (size: bytes asked for) */
+  STASH_TRACE_FREE_REQUESTED = 1, /* the program freed it */
+  STASH_TRACE_FREE_COMPLETED = 2, /* its uses on every stream are over: reusable */
+  STASH_TRACE_SEGMENT_ALLOC = 3,  /* memory taken from the provider (plain segment) */
+  STASH_TRACE_SEGMENT_FREE = 4,   /* and given back */
+  STASH_TRACE_SEGMENT_MAP = 5,    /* memory mapped into a reserved range */
+  STASH_TRACE_SEGMENT_UNMAP = 6,  /* and unmapped */
+  STASH_TRACE_OOM = 7,            /* a request failed for lack of memory (size: asked) */
+  _STASH_TRACE_LAST
+} stash_trace_action_t;
+
+typedef struct stash_trace_entry_s {
+  stash_trace_action_t action;
+  uintptr_t address;
+  size_t size;
+  void* stream;
+  int64_t time_us; /* Unix time, microseconds */
+} stash_trace_entry_t;
+
+/* Start recording the last max_entries events of heap in a ring buffer (0: stop, and
+ * forget what was recorded). Restarting with another size keeps the newest entries that
+ * fit. Thread-safe. */
+STASH_API stash_status_t stash_heap_record_history(stash_heap_t* heap, size_t max_entries);
+/* Copy the recorded events into out, oldest first: all of them, or the newest n if there
+ * are more (out may be NULL with n 0). Returns how many are recorded. Thread-safe. */
+STASH_API size_t stash_heap_history(stash_heap_t* heap, stash_trace_entry_t* out, size_t n);
+/* PyTorch's name for an action ("alloc", "free_requested", ..., "oom"); "?" if unknown. */
+STASH_API const char* stash_trace_action_name(stash_trace_action_t action);
+
 /* ---- The process-wide default heaps ---------------------------------------------------- */
 
 /* Each device has one default heap, created on first use from the environment:
@@ -260,6 +299,9 @@ STASH_API stash_status_t stash_heap_check(stash_heap_t* heap);
  *   STASH_SIM_DEVICES, STASH_SIM_CAPACITY  the simulated devices' number and size
  * A bad value is reported (stash_last_error) and no heap is created. Thread-safe. */
 STASH_API stash_status_t stash_default_heap(int device, stash_heap_t** out);
+/* The default heaps created so far (at most max of them into out), in device order;
+ * returns how many exist. Thread-safe. */
+STASH_API int stash_default_heap_list(stash_heap_t** out, int max);
 
 /* The device the calling thread allocates on with stash_malloc (default 0). */
 STASH_API stash_status_t stash_set_device(int device);

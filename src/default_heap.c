@@ -101,6 +101,18 @@ stash_status_t stash_default_heap(int device, stash_heap_t** out) {
   return st;
 }
 
+int stash_default_heap_list(stash_heap_t** out, int max) {
+  int n = 0;
+  pthread_mutex_lock(&g_lock);
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    if (!g_heaps[d]) continue;
+    if (out && n < max) out[n] = g_heaps[d];
+    n++;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return n;
+}
+
 stash_status_t stash_set_device(int device) {
   if (device < 0 || device >= MAX_DEVICES)
     return _stash_error(STASH_ERR_INVALID, "stash_set_device: device %d out of range", device);

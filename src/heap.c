@@ -112,6 +112,7 @@ fail:
 stash_status_t stash_heap_destroy(stash_heap_t* h) {
   if (!h) return STASH_OK;
   stash_status_t st = h->policy->destroy(h);
+  _stash_history_free(&h->history);
   pthread_mutex_destroy(&h->lock);
   free(h);
   return st;
@@ -231,4 +232,26 @@ stash_status_t stash_heap_check(stash_heap_t* h) {
   stash_status_t st = h->policy->check(h);
   pthread_mutex_unlock(&h->lock);
   return st;
+}
+
+size_t stash_heap_stats_json(stash_heap_t* h, char* buf, size_t n) {
+  stash_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  if (!h || stash_heap_stats(h, &s) != STASH_OK) {
+    if (n) buf[0] = '\0';
+    return 0;
+  }
+  return stash_stats_json(&s, buf, n);
+}
+
+size_t stash_heap_summary(stash_heap_t* h, bool abbreviated, char* buf, size_t n) {
+  stash_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.size = sizeof s;
+  if (!h || stash_heap_stats(h, &s) != STASH_OK) {
+    if (n) buf[0] = '\0';
+    return 0;
+  }
+  return stash_stats_summary(&s, h->device, abbreviated, buf, n);
 }

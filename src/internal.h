@@ -203,6 +203,22 @@ STASH_HIDDEN stash_status_t _stash_zombies_release(stash_heap_t* h, stash_zombie
 STASH_HIDDEN bool _stash_zombies_within(const stash_zombies_t* z, uint64_t base, size_t size);
 STASH_HIDDEN void _stash_zombies_free(stash_zombies_t* z);
 
+/* ---- history.c: the ring buffer of recorded events ---------------------------------------- */
+
+typedef struct stash_history_s {
+  stash_trace_entry_t* v; /* cap entries; NULL when not recording */
+  size_t cap, count, next; /* next: where the next entry goes */
+} stash_history_t;
+
+/* Record one event if the heap records history (lock held). */
+STASH_HIDDEN void _stash_history_add_(stash_heap_t* h, stash_trace_action_t action,
+                                      uint64_t address, size_t size, void* stream);
+#define _stash_history_add(h, action, address, size, stream)                     \
+  do {                                                                          \
+    if ((h)->history.cap) _stash_history_add_((h), (action), (address), (size), (stream)); \
+  } while (0)
+STASH_HIDDEN void _stash_history_free(stash_history_t* hist);
+
 /* ---- heap.c: the heap object shared by the policies -------------------------------------- */
 
 typedef struct stash_policy_ops_s stash_policy_ops_t;
@@ -219,6 +235,7 @@ struct stash_heap_s {
   size_t total_reserved;         /* bytes reserved from the provider (PyTorch's
                                     total_allocated_memory) */
   stash_stats_t stats;
+  stash_history_t history;       /* recorded events, when asked for */
   const stash_policy_ops_t* policy;
   void* policy_state;
 };
@@ -245,5 +262,6 @@ STASH_HIDDEN extern const stash_policy_ops_t _stash_policy_stash;
 /* Check a configuration's ranges (for structs filled by hand). */
 STASH_HIDDEN stash_status_t _stash_conf_validate(const stash_conf_t* conf);
 STASH_HIDDEN const char* _stash_policy_name(stash_policy_t p);
+
 
 #endif /* STASH_INTERNAL_H */

@@ -286,6 +286,7 @@ static size_t try_merge_blocks(pt_state* s, pt_block* dst, pt_block* src) {
 /* PyTorch's free_block: return a block whose uses are over to its pool, merged. */
 static void free_block(stash_heap_t* h, pt_block* b) {
   pt_state* s = S(h);
+  _stash_history_add(h, STASH_TRACE_FREE_COMPLETED, b->ptr, b->requested_size, b->stream);
   size_t original_size = b->size;
   size_t requested = b->requested_size;
   pt_pool* pool = b->pool;
@@ -351,6 +352,7 @@ static stash_status_t release_block(stash_heap_t* h, pt_block* b) {
   pt_state* s = S(h);
   stash_status_t st = PCALL(h, mem_free, h->device, b->ptr, b->size);
   if (st != STASH_OK) return prov_fail(h, st, "free a segment");
+  _stash_history_add(h, STASH_TRACE_SEGMENT_FREE, b->ptr, b->size, b->stream);
   h->stats.num_device_free++;
   h->total_reserved -= b->size;
   stat_dec(h->stats.segment, b->pool, 1);
@@ -508,6 +510,7 @@ static stash_status_t unmap_block(stash_heap_t* h, pt_block* b) {
   try_merge_blocks(s, b, b->prev);
   try_merge_blocks(s, b, b->next);
   pool_insert_unmapped(b->pool, b);
+  _stash_history_add(h, STASH_TRACE_SEGMENT_UNMAP, uptr, usize, b->stream);
   h->total_reserved -= usize;
   stat_dec(h->stats.reserved_bytes, b->pool, usize);
   h->stats.num_device_free++;
@@ -790,6 +793,7 @@ static stash_status_t map_block(stash_heap_t* h, pt_block* to_map, size_t size) 
   try_merge_blocks(s, to_map, to_map->prev);
   try_merge_blocks(s, to_map, to_map->next);
   pool_insert_free(pool, to_map);
+  _stash_history_add(h, STASH_TRACE_SEGMENT_MAP, to_map->ptr, mapped, to_map->stream);
   h->total_reserved += mapped;
   stat_inc(h->stats.reserved_bytes, pool, mapped);
   h->stats.num_device_alloc++;
@@ -865,6 +869,7 @@ static bool alloc_block(stash_heap_t* h, alloc_params* p, bool is_retry) {
   stat_inc(h->stats.reserved_bytes, p->pool, size);
   if (size >= h->conf.max_split_size) _stash_stat_inc(&h->stats.oversize_segments, 1);
   h->stats.num_device_alloc++;
+  _stash_history_add(h, STASH_TRACE_SEGMENT_ALLOC, ptr, size, p->stream);
   p->block = b;
   p->err = STASH_OK;
   return true;
@@ -953,6 +958,7 @@ static stash_status_t report_oom(stash_heap_t* h, size_t orig_size, const alloc_
   h->stats.num_ooms++;
   size_t dev_free = 0, dev_total = 0;
   bool have_info = PCALL(h, mem_info, h->device, &dev_free, &dev_total) == STASH_OK;
+  _stash_history_add(h, STASH_TRACE_OOM, dev_free, orig_size, p->stream); /* PyTorch: device_free */
   char req[32], seg[32], tot[32], fre[32], alloc[32], cached[32], largest[32], allowed[96];
   _stash_format_size(orig_size, req, sizeof req);
   _stash_format_size(p->alloc_size, seg, sizeof seg);
@@ -990,6 +996,7 @@ static stash_status_t pt_alloc(stash_heap_t* h, size_t orig_size, void* stream, 
   pt_state* s = S(h);
   if (orig_size >= kOneExaByte) {
     h->stats.num_ooms++;
+    _stash_history_add(h, STASH_TRACE_OOM, 0, orig_size, stream);
     char req[32];
     _stash_format_size(orig_size, req, sizeof req);
     return _stash_error(STASH_ERR_OOM,
@@ -1045,6 +1052,7 @@ static stash_status_t pt_alloc(stash_heap_t* h, size_t orig_size, void* stream, 
   bool split = should_split(c, p.block, p.size, p.expandable_active);
   pt_block* b = alloc_found_block(h, &p, orig_size, split, spare);
   _stash_ptrmap_put(&s->allocated, b->ptr, b); /* cannot fail: reserved above */
+  _stash_history_add(h, STASH_TRACE_ALLOC, b->ptr, orig_size, stream);
   *out = b->ptr;
   return STASH_OK;
 fail:
@@ -1066,6 +1074,7 @@ static stash_status_t pt_free(stash_heap_t* h, uint64_t ptr) {
     if (st != STASH_OK) return st;
   }
   _stash_ptrmap_take(&s->allocated, ptr);
+  _stash_history_add(h, STASH_TRACE_FREE_REQUESTED, b->ptr, b->requested_size, b->stream);
   b->allocated = false;
   stat_dec(h->stats.allocation, b->pool, 1);
   stat_dec(h->stats.allocated_bytes, b->pool, b->size);

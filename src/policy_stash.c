@@ -510,6 +510,7 @@ keep:
   a->last = b;
   if (dead) b->kind = K_DEAD;
   else free_coalesce(s, b);
+  _stash_history_add(h, STASH_TRACE_SEGMENT_MAP, va, pages * G, NULL);
   return st; /* STASH_OK, or the set_access error when the memory is dead */
 undo:
   /* Unmap and release what was made, newest first. A mapping the driver will not undo
@@ -557,6 +558,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
       free_insert(s, t);
     }
     a->nhandles--;
+    _stash_history_add(h, STASH_TRACE_SEGMENT_UNMAP, start, bytes, NULL);
     a->mapped -= bytes;
     h->total_reserved -= bytes;
     stat_dec(h->stats.segment, a->small, 1);
@@ -900,6 +902,7 @@ static stash_status_t report_oom(stash_heap_t* h, size_t orig) {
   h->stats.num_ooms++;
   size_t dev_free = 0, dev_total = 0;
   bool info = PCALL(h, mem_info, h->device, &dev_free, &dev_total) == STASH_OK;
+  _stash_history_add(h, STASH_TRACE_OOM, dev_free, orig, NULL); /* PyTorch: device_free */
   char req[32], tot[32], fre[32], al[32], cached[32], largest[32], allowed[96] = "";
   _stash_format_size(orig, req, sizeof req);
   _stash_format_size(dev_total, tot, sizeof tot);
@@ -931,6 +934,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   sb_state* s = S(h);
   if (orig >= kOneExaByte) {
     h->stats.num_ooms++;
+    _stash_history_add(h, STASH_TRACE_OOM, 0, orig, stream);
     char req[32];
     _stash_format_size(orig, req, sizeof req);
     return _stash_error(STASH_ERR_OOM, "out of memory: tried to allocate %s (%zu bytes), more "
@@ -965,6 +969,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   stat_inc(h->stats.active_bytes, small, b->size);
   stat_inc(h->stats.requested_bytes, small, orig);
   _stash_ptrmap_put(&s->allocated, b->ptr, b); /* room reserved above */
+  _stash_history_add(h, STASH_TRACE_ALLOC, b->ptr, orig, stream);
   *out = b->ptr;
   return STASH_OK;
 }
@@ -974,6 +979,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
 static void user_free_complete(stash_heap_t* h, sb_block* b) {
   sb_state* s = S(h);
   bool small = block_small(b);
+  _stash_history_add(h, STASH_TRACE_FREE_COMPLETED, b->ptr, b->requested, b->stream);
   stat_dec(h->stats.active, small, 1);
   stat_dec(h->stats.active_bytes, small, b->size);
   stat_dec(h->stats.requested_bytes, small, b->requested);
@@ -1017,6 +1023,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
     b->nuses = 0;
   }
   _stash_ptrmap_take(&s->allocated, ptr);
+  _stash_history_add(h, STASH_TRACE_FREE_REQUESTED, b->ptr, b->requested, b->stream);
   b->allocated = false;
   bool small = block_small(b);
   stat_dec(h->stats.allocation, small, 1);

@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include "fixture.h"
+#include "stash_plugins.h"
 
 static void* churn(void* arg) {
   (void)arg;
@@ -101,6 +102,37 @@ int main(void) {
   CHECK_OK(stash_heap_stats(h, &s));
   CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 0);
   CHECK_OK(stash_heap_check(h));
+
+  th_current = "plugins"; /* PyTorch's and CuPy's entry points, over the same heaps */
+  CHECK_EQ(stash_default_heap_list(NULL, 0), 2);
+  stash_heap_t* list[4] = {NULL};
+  CHECK_EQ(stash_default_heap_list(list, 1), 2); /* how many exist, one written */
+  CHECK(list[0] == h && list[1] == NULL);
+  void* t = stash_torch_malloc(5 * MiB, 1, (void*)7);
+  CHECK(t != NULL);
+  CHECK_OK(stash_heap_stats(h1, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 1);
+  stash_torch_record_stream(t, (void*)8); /* found on device 1's heap */
+  stash_torch_free(t, 5 * MiB, 1, (void*)7);
+  CHECK_OK(stash_heap_stats(h1, &s));
+  CHECK_EQ(s.active[STASH_STAT_ALL].current, 1); /* pending: stream 8 may use it */
+  CHECK(stash_torch_malloc(-1, 0, NULL) == NULL);
+  CHECK(stash_torch_malloc(100, 9, NULL) == NULL); /* no device 9 */
+  CHECK_STR_CONTAINS(stash_last_error(), "device 9");
+  void* c = stash_cupy_malloc(NULL, 4096, 0);
+  CHECK(c != NULL);
+  stash_cupy_free(NULL, c, 0);
+  stash_torch_set_memory_fraction(0.5, 0);
+  CHECK(stash_torch_malloc(700 * MiB, 0, NULL) == NULL); /* over half of 1 GiB */
+  CHECK_STR_CONTAINS(stash_last_error(), "fraction");
+  stash_torch_reset(); /* empty_cache on both heaps */
+  CHECK_OK(stash_heap_stats(h, &s));
+  CHECK_EQ(s.reserved_bytes[STASH_STAT_ALL].current, 0);
+  CHECK(stash_torch_base_alloc((void*)0x4000, NULL) == (void*)0x4000);
+  stash_torch_init(2);
+  CHECK_OK(stash_heap_check(h));
+  CHECK_OK(stash_heap_check(h1));
+
   stash_default_shutdown();
   /* After shutdown the heaps are made again from the environment. */
   setenv("STASH_CONF", "policy:pytorch", 1);

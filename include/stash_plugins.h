@@ -1,0 +1,40 @@
+/* stash_plugins.h: the entry points libstash exports for PyTorch's and CuPy's allocator
+ * plug-in points, over the process-wide default heaps (one per device, configured by
+ * STASH_CONF and STASH_PROVIDER when first used: see stash.h). python/stash installs them;
+ * C and C++ programs may call them too. Streams are CUstream / cudaStream_t values. On
+ * failure malloc returns NULL and stash_last_error() says why; the other functions report
+ * failures on stderr (their callers cannot take a status). Thread-safe. */
+#ifndef STASH_PLUGINS_H
+#define STASH_PLUGINS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "stash.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* torch.cuda.memory.CUDAPluggableAllocator(path, "stash_torch_malloc", "stash_torch_free") */
+STASH_API void* stash_torch_malloc(ssize_t size, int device, void* stream);
+STASH_API void stash_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* Its optional hooks (allocator().set_init_fn, set_reset_fn, set_memory_fraction_fn,
+ * set_record_stream_fn, set_base_alloc_fn). reset is torch.cuda.empty_cache(): every
+ * default heap gives back what it can. base_alloc returns ptr itself (a block is its own
+ * base, PyTorch's default). */
+STASH_API void stash_torch_init(int device_count);
+STASH_API void stash_torch_reset(void);
+STASH_API void stash_torch_set_memory_fraction(double fraction, int device);
+STASH_API void stash_torch_record_stream(void* ptr, void* stream);
+STASH_API void* stash_torch_base_alloc(void* ptr, size_t* size);
+
+/* cupy.cuda.memory.CFunctionAllocator(0, stash_cupy_malloc, stash_cupy_free, owner): on
+ * the device's default stream (CuPy does not pass its current stream). */
+STASH_API void* stash_cupy_malloc(void* param, size_t size, int device);
+STASH_API void stash_cupy_free(void* param, void* ptr, int device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* STASH_PLUGINS_H */

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Train a model for a few steps under one allocator setting and print one JSON line:
+losses, peak reserved bytes, step times. Run once per setting, each in a fresh process.
+
+  train_compare.py --model resnet50|gpt2 --alloc pytorch|stash --conf CONF [--steps 20]
+
+--alloc pytorch: PyTorch's own allocator, CONF (without "policy:pytorch") in
+PYTORCH_CUDA_ALLOC_CONF. --alloc stash: stash.torch.install(CONF) before any CUDA memory.
+Models as in ../shared/traces/README.md, random weights and data, fixed seeds: ResNet-50
+(batch 128, 224x224, bf16 autocast, SGD) and GPT-2 small (12 layers, 768 wide, batch 8 x
+1024 tokens, bf16 autocast, AdamW). Deterministic algorithms on; global average pooling and
+attention are written out so that every op has a deterministic kernel.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", required=True, choices=["resnet50", "gpt2"])
+ap.add_argument("--alloc", required=True, choices=["pytorch", "stash"])
+ap.add_argument("--conf", default="")
+ap.add_argument("--steps", type=int, default=20)
+args = ap.parse_args()
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+if args.alloc == "pytorch":
+    conf = ",".join(p for p in args.conf.split(",") if p and p != "policy:pytorch")
+    if conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    else:
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+if args.alloc == "stash":
+    import stash  # noqa: E402
+    stash.torch.install(args.conf or None)
+
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True, warn_only=True)
+torch.backends.cudnn.benchmark = False
+torch.backends.cudnn.deterministic = True
+dev = torch.device("cuda", 0)
+
+
+# ---- ResNet-50 (torchvision's layout) ----------------------------------------------------
+
+class Bottleneck(nn.Module):
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * 4
+        self.c1 = nn.Conv2d(cin, width, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(width)
+        self.c2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(width)
+        self.c3 = nn.Conv2d(width, cout, 1, bias=False)
+        self.b3 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        y = F.relu(self.b2(self.c2(y)))
+        y = self.b3(self.c3(y))
+        return F.relu(y + (self.down(x) if self.down is not None else x))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        layers, cin = [], 64
+        for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(blocks):
+                layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                cin = width * 4
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(2048, classes)
+
+    def forward(self, x):
+        return self.fc(self.layers(self.stem(x)).mean((2, 3)))
+
+
+# ---- GPT-2 small -------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT2(nn.Module):
+    def __init__(self, vocab=50257, ctx=1024, d=768, layers=12, heads=12):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.register_buffer("mask", torch.ones(ctx, ctx, dtype=torch.bool).triu(1), persistent=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x, self.mask[:t, :t])
+        return self.ln(x) @ self.wte.weight.t()
+
+
+# ---- training ----------------------------------------------------------------------------
+
+g = torch.Generator().manual_seed(1)
+if args.model == "resnet50":
+    model = ResNet50().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = [(torch.randn(128, 3, 224, 224, generator=g), torch.randint(0, 1000, (128,), generator=g))
+               for _ in range(2)]
+else:
+    model = GPT2().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    batches = [(torch.randint(0, 50257, (8, 1024), generator=g),) for _ in range(2)]
+
+losses, times = [], []
+for step in range(args.steps):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    data = [x.to(dev, non_blocking=False) for x in batches[step % 2]]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        if args.model == "resnet50":
+            loss = F.cross_entropy(model(data[0]), data[1])
+        else:
+            logits = model(data[0][:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[0][:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())  # synchronizes
+    times.append(time.perf_counter() - t0)
+
+if args.alloc == "stash":
+    reserved = stash.max_memory_reserved(0)
+    allocated = stash.max_memory_allocated(0)
+else:
+    reserved = torch.cuda.max_memory_reserved(0)
+    allocated = torch.cuda.max_memory_allocated(0)
+print(json.dumps({"model": args.model, "alloc": args.alloc, "conf": args.conf, "losses": losses,
+                  "max_reserved": reserved, "max_allocated": allocated,
+                  "median_step_ms": 1000 * statistics.median(times[5:]),
+                  "step_ms": [round(1000 * t, 3) for t in times]}))
