@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "internal.h"
@@ -11,7 +12,9 @@
 #define MAX_DEVICES 64
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static stash_heap_t* g_heaps[MAX_DEVICES];
+/* Written under g_lock; read without it on the fast path (a heap, once made, stays until
+ * stash_default_shutdown, which must not race with users of the heaps). */
+static _Atomic(stash_heap_t*) g_heaps[MAX_DEVICES];
 static stash_sim_t* g_sim;
 static const stash_provider_t* g_provider;
 static int g_device_count;
@@ -84,6 +87,13 @@ static stash_status_t ensure_provider(void) {
 stash_status_t stash_default_heap(int device, stash_heap_t** out) {
   if (!out) return _stash_error(STASH_ERR_INVALID, "stash_default_heap: out is NULL");
   *out = NULL;
+  if (device >= 0 && device < MAX_DEVICES) { /* made already: no lock */
+    stash_heap_t* h = atomic_load_explicit(&g_heaps[device], memory_order_acquire);
+    if (h) {
+      *out = h;
+      return STASH_OK;
+    }
+  }
   pthread_mutex_lock(&g_lock);
   stash_status_t st = ensure_provider();
   if (st == STASH_OK && (device < 0 || device >= g_device_count)) {
@@ -94,7 +104,9 @@ stash_status_t stash_default_heap(int device, stash_heap_t** out) {
     stash_conf_t conf;
     stash_conf_init(&conf);
     st = stash_conf_parse(&conf, getenv("STASH_CONF"));
-    if (st == STASH_OK) st = stash_heap_create(&conf, g_provider, device, &g_heaps[device]);
+    stash_heap_t* made = NULL;
+    if (st == STASH_OK) st = stash_heap_create(&conf, g_provider, device, &made);
+    if (st == STASH_OK) atomic_store_explicit(&g_heaps[device], made, memory_order_release);
   }
   if (st == STASH_OK) *out = g_heaps[device];
   pthread_mutex_unlock(&g_lock);
@@ -151,8 +163,8 @@ void stash_free(void* ptr) {
 void stash_default_shutdown(void) {
   pthread_mutex_lock(&g_lock);
   for (int d = 0; d < MAX_DEVICES; d++) {
-    if (g_heaps[d]) stash_heap_destroy(g_heaps[d]);
-    g_heaps[d] = NULL;
+    stash_heap_t* h = atomic_exchange(&g_heaps[d], NULL);
+    if (h) stash_heap_destroy(h);
   }
   if (g_sim) stash_sim_destroy(g_sim);
   g_sim = NULL;

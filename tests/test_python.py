@@ -61,6 +61,8 @@ def main():
         q = L.stash_torch_malloc(3 * MiB, 0, ctypes.c_void_p(0x1234))
         if not p or not q or p % 512 or q % 512: fail("pointers %r %r" % (p, q))
         eq(stash.memory_allocated(0), 1024 + 3 * MiB, "allocated")
+        for d in (None, "cuda:0", "cuda"):
+            eq(stash.memory_allocated(d), 1024 + 3 * MiB, "allocated, device %r" % (d,))
         eq(stash.memory_stats(0)["allocation.all.current"], 2, "allocations")
         L.stash_torch_free(q, 3 * MiB, 0, ctypes.c_void_p(0x1234))
         L.stash_torch_free(p, 1000, 0, None)

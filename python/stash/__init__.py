@@ -43,11 +43,22 @@ def _current_device():
     return _lib.lib().stash_get_device()
 
 
-def _heap(device):
+def _device_index(device):
+    """None, an int, "cuda:1" or a torch.device -> the device number."""
     if device is None:
-        device = _current_device()
-    if hasattr(device, "index"):  # a torch.device
-        device = device.index if device.index is not None else _current_device()
+        return _current_device()
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        _, _, n = device.partition(":")
+        return int(n) if n else _current_device()
+    if type(device).__name__ == "device":  # torch.device
+        return device.index if device.index is not None else _current_device()
+    return int(device)
+
+
+def _heap(device):
+    device = _device_index(device)
     h = ctypes.c_void_p()
     _lib.check(_lib.lib().stash_default_heap(int(device), ctypes.byref(h)), "device %s" % device)
     return h

@@ -35,8 +35,8 @@ for step in range(6):
     opt.zero_grad()
     with ddp.no_sync():  # this rank's own gradient, not reduced
         ddp(x).square().mean().backward()
-    local = torch.cat([p.grad.flatten() for p in model.parameters()])
-    expect = local.clone()
+    own = torch.cat([p.grad.flatten() for p in model.parameters()])
+    expect = own.clone()
     dist.all_reduce(expect)
     expect /= world
     opt.zero_grad()
@@ -50,7 +50,7 @@ for step in range(6):
     dist.all_gather(gathered, grad)
     if any(not torch.equal(gathered[0], g) for g in gathered):
         problems.append("step %d: gradients differ between ranks" % step)
-    if step == 0 and torch.equal(local, expect):
+    if step == 0 and torch.equal(own, expect):
         problems.append("the ranks' own gradients are equal: the check would prove nothing")
     opt.step()
     params = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -9,8 +9,10 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSTASH_BUILD_TESTS=OFF > "$R
 export STASH_LIBRARY=$PWD/build-gpu/libstash.so STASH_PROVIDER=cuda
 nvidia-smi --query-gpu=index,name --format=csv > "$R/gpus.txt"
 for conf in policy:stash policy:pytorch; do
+  name=${conf#policy:}
   timeout 240 torchrun --standalone --nproc_per_node=2 tools/gpu/ddp_check.py "$conf" \
-    > "$R/ddp_$conf.json" 2> "$R/ddp_$conf.err"
+    > "$R/ddp_$name.json" 2> "$R/ddp_$name.err"
   echo "ddp $conf: exit $?"
-  cat "$R/ddp_$conf.json"
+  cat "$R/ddp_$name.json"
+  grep -v "^\s*$" "$R/ddp_$name.err" | tail -15
 done
