@@ -2,8 +2,9 @@
  * plug-in points, over the process-wide default heaps (one per device, configured by
  * STASH_CONF and STASH_PROVIDER when first used: see stash.h). python/stash installs them;
  * C and C++ programs may call them too. Streams are CUstream / cudaStream_t values. On
- * failure malloc returns NULL and stash_last_error() says why; the other functions report
- * failures on stderr (their callers cannot take a status). Thread-safe. */
+ * failure cupy_malloc returns NULL (CuPy raises its OutOfMemoryError) and stash_last_error()
+ * says why; torch_malloc: see below; the other functions report failures on stderr (their
+ * callers cannot take a status). Thread-safe. */
 #ifndef STASH_PLUGINS_H
 #define STASH_PLUGINS_H
 
@@ -16,7 +17,11 @@
 extern "C" {
 #endif
 
-/* torch.cuda.memory.CUDAPluggableAllocator(path, "stash_torch_malloc", "stash_torch_free") */
+/* torch.cuda.memory.CUDAPluggableAllocator(path, "stash_torch_malloc", "stash_torch_free").
+ * PyTorch turns a NULL from malloc into a tensor at address 0 (it has no error channel), so
+ * when an allocation fails (out of memory, a bad device) stash_torch_malloc prints the
+ * reason and aborts the process - unless the environment sets STASH_TORCH_NULL_ON_FAILURE,
+ * in which case it returns NULL. */
 STASH_API void* stash_torch_malloc(ssize_t size, int device, void* stream);
 STASH_API void stash_torch_free(void* ptr, ssize_t size, int device, void* stream);
 /* Its optional hooks (allocator().set_init_fn, set_reset_fn, set_memory_fraction_fn,

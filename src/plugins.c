@@ -12,6 +12,7 @@
  * python/stash adds to the exception. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include "internal.h"
@@ -24,11 +25,25 @@ static stash_heap_t* heap_of(int device) {
   return stash_default_heap(device, &h) == STASH_OK ? h : NULL;
 }
 
+/* PyTorch's plug-in interface has no way to report a failure: it wraps whatever malloc
+ * returns, NULL included, in a tensor (PyTorch 2.11, measured on the H200), and the first
+ * kernel to touch it faults. So a failure stops the process with the reason, unless
+ * STASH_TORCH_NULL_ON_FAILURE is set (for callers that check the pointer themselves). */
 void* stash_torch_malloc(ssize_t size, int device, void* stream) {
   stash_heap_t* h = heap_of(device);
   void* p = NULL;
-  if (!h || size < 0 || stash_heap_alloc(h, (size_t)size, stream, &p) != STASH_OK) return NULL;
-  return p;
+  if (size < 0) {
+    _stash_error(STASH_ERR_INVALID, "stash_torch_malloc: negative size %zd", size);
+  } else if (h && stash_heap_alloc(h, (size_t)size, stream, &p) == STASH_OK) {
+    return p;
+  }
+  if (size != 0 && !getenv("STASH_TORCH_NULL_ON_FAILURE")) {
+    fprintf(stderr, "stash: PyTorch's allocation of %zd bytes on device %d failed and PyTorch "
+            "cannot be told (its plug-in interface takes NULL as memory): %s\n", size, device,
+            stash_last_error());
+    abort();
+  }
+  return NULL;
 }
 
 void stash_torch_free(void* ptr, ssize_t size, int device, void* stream) {

@@ -23,11 +23,12 @@ failures = []
 def run(code, conf=None, env_extra=None):
     env = dict(os.environ)
     env.update({"STASH_PROVIDER": "sim", "STASH_LIBRARY": LIB, "PYTHONPATH": PYDIR,
-                "STASH_SIM_CAPACITY": "8GiB"})
+                "STASH_SIM_CAPACITY": "8GiB", "STASH_TORCH_NULL_ON_FAILURE": "1"})
     env.pop("STASH_CONF", None)
     if conf is not None:
         env["STASH_CONF"] = conf
     env.update(env_extra or {})
+    env = {k: v for k, v in env.items() if v != ""}
     prelude = textwrap.dedent("""
         import ctypes, json, os, pickle, sys
         import stash
@@ -89,6 +90,16 @@ def main():
         L.stash_torch_record_stream(0x1000, None)
         eq(stash.memory_stats()["allocation.all.current"], 0, "no allocation")
     """, expect_stderr="is not a live allocation")
+
+    rc, out, err = run("""
+        L.stash_torch_malloc(1 << 62, 0, None)
+        print("not reached")
+    """, env_extra={"STASH_TORCH_NULL_ON_FAILURE": ""})
+    ok = rc != 0 and "not reached" not in out and "PyTorch cannot be told" in err and "out of memory" in err
+    print("%-48s %s" % ("exports: a failed PyTorch allocation stops", "ok" if ok else "FAIL"))
+    if not ok:
+        failures.append("torch malloc abort")
+        sys.stdout.write(out + err)
 
     case("exports: memory fraction, record_stream, base", """
         L.stash_torch_set_memory_fraction(0.25, 0)     # 2 GiB of the 8

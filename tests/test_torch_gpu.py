@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""stash under PyTorch on a GPU: the hooks reach stash (empty_cache, memory fraction,
+record_stream), statistics follow the tensors, and installing too late is a clear error.
+Exits 77 (CTest's skip) without PyTorch or a GPU.
+
+  test_torch_gpu.py LIBSTASH PYTHON_DIR
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+LIB, PYDIR = (os.path.abspath(a) for a in sys.argv[1:3])
+
+
+def run(code):
+    env = dict(os.environ, STASH_LIBRARY=LIB, PYTHONPATH=PYDIR, STASH_PROVIDER="cuda")
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                       capture_output=True)
+if probe.returncode != 0:
+    print("skipped: no PyTorch with a GPU")
+    sys.exit(77)
+
+failures = 0
+cases = {
+    "hooks and statistics": """
+        import os, torch, stash
+        stash.torch.install("policy:stash")
+        MiB = 1 << 20
+        x = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda")
+        assert stash.memory_allocated() == 300 * MiB, stash.memory_allocated()
+        r = stash.memory_reserved()
+        del x
+        assert stash.memory_allocated() == 0
+        torch.cuda.empty_cache()                      # the reset hook
+        assert stash.memory_reserved() < r, (stash.memory_reserved(), r)
+        free, total = stash.mem_get_info()
+        assert (free, total) == torch.cuda.mem_get_info(), ((free, total), torch.cuda.mem_get_info())
+        torch.cuda.set_per_process_memory_fraction(0.01)   # the fraction hook: ~1.4 GB
+        L = stash._lib.lib()
+        os.environ["STASH_TORCH_NULL_ON_FAILURE"] = "1"
+        assert L.stash_torch_malloc(4 << 30, 0, None) is None, "the fraction did not reach stash"
+        assert "fraction" in stash.last_error(), stash.last_error()
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        s = torch.cuda.Stream()
+        y = torch.ones(50 * MiB, dtype=torch.uint8, device="cuda")
+        with torch.cuda.stream(s):
+            z = y * 2
+        y.record_stream(s)                            # the record_stream hook
+        del y
+        st = stash.memory_stats()
+        assert st["active_bytes.all.current"] > st["allocated_bytes.all.current"], st
+        s.synchronize()
+        assert int(z.sum().item()) == 2 * 50 * MiB
+        print("ok")
+    """,
+    "out of memory under PyTorch stops with the reason": """
+        import torch, stash
+        stash.torch.install("policy:stash")
+        torch.cuda.set_per_process_memory_fraction(0.01)
+        x = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+        print("not reached: got", hex(x.data_ptr()))
+    """,
+    "installing after PyTorch allocated is an error": """
+        import torch, stash
+        torch.empty(10, device="cuda")
+        try:
+            stash.torch.install()
+        except stash.torch.InstallError as e:
+            assert "before PyTorch's first CUDA allocation" in str(e), e
+            print("ok")
+        else:
+            raise AssertionError("no error")
+    """,
+}
+for name, code in cases.items():
+    rc, out = run(code)
+    if name.startswith("out of memory"):
+        ok = rc != 0 and "not reached" not in out and "PyTorch cannot be told" in out and "fraction" in out
+    else:
+        ok = rc == 0 and out.strip().endswith("ok")
+    print("%-50s %s" % (name, "ok" if ok else "FAIL"))
+    if not ok:
+        failures += 1
+        print(out[-3000:])
+sys.exit(1 if failures else 0)
