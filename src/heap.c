@@ -234,24 +234,21 @@ stash_status_t stash_heap_check(stash_heap_t* h) {
   return st;
 }
 
+/* The heap's statistics into s; false (and buf emptied) if there are none to give. */
+static bool stats_for_text(stash_heap_t* h, stash_stats_t* s, char* buf, size_t n) {
+  memset(s, 0, sizeof *s);
+  s->size = sizeof *s;
+  if (h && stash_heap_stats(h, s) == STASH_OK) return true;
+  if (n) buf[0] = '\0';
+  return false;
+}
+
 size_t stash_heap_stats_json(stash_heap_t* h, char* buf, size_t n) {
   stash_stats_t s;
-  memset(&s, 0, sizeof s);
-  s.size = sizeof s;
-  if (!h || stash_heap_stats(h, &s) != STASH_OK) {
-    if (n) buf[0] = '\0';
-    return 0;
-  }
-  return stash_stats_json(&s, buf, n);
+  return stats_for_text(h, &s, buf, n) ? stash_stats_json(&s, buf, n) : 0;
 }
 
 size_t stash_heap_summary(stash_heap_t* h, bool abbreviated, char* buf, size_t n) {
   stash_stats_t s;
-  memset(&s, 0, sizeof s);
-  s.size = sizeof s;
-  if (!h || stash_heap_stats(h, &s) != STASH_OK) {
-    if (n) buf[0] = '\0';
-    return 0;
-  }
-  return stash_stats_summary(&s, h->device, abbreviated, buf, n);
+  return stats_for_text(h, &s, buf, n) ? stash_stats_summary(&s, h->device, abbreviated, buf, n) : 0;
 }

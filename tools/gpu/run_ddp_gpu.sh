@@ -4,9 +4,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/ddp
 mkdir -p "$R"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSTASH_BUILD_TESTS=OFF > "$R/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
-export STASH_LIBRARY=$PWD/build-gpu/libstash.so STASH_PROVIDER=cuda
+. tools/gpu/build.sh
 nvidia-smi --query-gpu=index,name --format=csv > "$R/gpus.txt"
 for conf in policy:stash policy:pytorch; do
   name=${conf#policy:}

@@ -7,9 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/plugins
 mkdir -p "$R"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSTASH_BUILD_TESTS=OFF > "$R/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
-export STASH_LIBRARY=$PWD/build-gpu/libstash.so STASH_PROVIDER=cuda
+. tools/gpu/build.sh
 : > "$R/train.jsonl"
 for m in resnet50 gpt2; do
   for run in "pytorch " "pytorch expandable_segments:True" "stash policy:pytorch" \

@@ -6,9 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/timing
 mkdir -p "$R"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSTASH_BUILD_TESTS=OFF > "$R/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
-export STASH_LIBRARY=$PWD/build-gpu/libstash.so STASH_PROVIDER=cuda
+. tools/gpu/build.sh
 : > "$R/runs.jsonl"
 for round in 1 2; do
   for m in resnet50 gpt2; do
