@@ -33,6 +33,7 @@ stash_status_t stash_heap_create(const stash_conf_t* conf, const stash_provider_
   else stash_conf_init(&c);
   stash_status_t st = _stash_conf_validate(&c);
   if (st != STASH_OK) return st;
+  _stash_trace_start();
 
   stash_heap_t* h = calloc(1, sizeof *h);
   if (!h) return _stash_error(STASH_ERR_HOST_OOM, "stash_heap_create: out of host memory");
@@ -113,6 +114,7 @@ stash_status_t stash_heap_destroy(stash_heap_t* h) {
   if (!h) return STASH_OK;
   stash_status_t st = h->policy->destroy(h);
   _stash_history_free(&h->history);
+  if (atomic_load_explicit(&_stash_tracing, memory_order_relaxed)) _stash_trace_flush();
   pthread_mutex_destroy(&h->lock);
   free(h);
   return st;

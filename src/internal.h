@@ -8,6 +8,7 @@
 #define STASH_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -215,8 +216,14 @@ STASH_HIDDEN void _stash_history_add_(stash_heap_t* h, stash_trace_action_t acti
                                       uint64_t address, size_t size, void* stream);
 #define _stash_history_add(h, action, address, size, stream)                     \
   do {                                                                          \
-    if ((h)->history.cap) _stash_history_add_((h), (action), (address), (size), (stream)); \
+    if ((h)->history.cap || atomic_load_explicit(&_stash_tracing, memory_order_relaxed)) \
+      _stash_history_add_((h), (action), (address), (size), (stream));          \
   } while (0)
+/* STASH_TRACE=path: log every heap's allocations and frees in RMM's CSV format there ("%d"
+ * in the path: one file per device). Read once, when the first heap is made. */
+STASH_HIDDEN extern _Atomic bool _stash_tracing;
+STASH_HIDDEN void _stash_trace_start(void);
+STASH_HIDDEN void _stash_trace_flush(void);
 STASH_HIDDEN void _stash_history_free(stash_history_t* hist);
 
 /* ---- heap.c: the heap object shared by the policies -------------------------------------- */

@@ -1,4 +1,5 @@
-/* trace.c: the RMM CSV reader.
+/* trace.c: reading allocation traces: RMM's CSV log, or a PyTorch memory snapshot
+ * (snapshot.c), into one list of events.
  *
  * The format is that of RMM's logging_resource_adaptor:
  *   Thread,Time,Action,Pointer,Size,Stream
@@ -8,6 +9,8 @@
  * plain and gzip-compressed files alike.
  */
 #include "trace.h"
+
+#include "snapshot.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -216,6 +219,239 @@ static void chomp(char* s) {
   while (n && (s[n - 1] == '\n' || s[n - 1] == '\r')) s[--n] = '\0';
 }
 
+/* ---- Building the event list (both formats) ------------------------------------------- */
+
+typedef struct build_s {
+  trace_t* t;
+  live_t live;
+  size_t cap;
+  uint64_t cur_live, cur_wraps; /* live sum: cur_wraps * 2^64 + cur_live */
+  const char* path;
+  bool by_event; /* positions are snapshot events, not lines */
+  void (*warn)(const char* msg, void* arg);
+  void* warn_arg;
+  char* err;
+  size_t errlen;
+} build_t;
+
+static void where(const build_t* b, uint64_t pos, char* out, size_t n) {
+  if (b->by_event) snprintf(out, n, "%s: event %llu", b->path, (unsigned long long)pos);
+  else snprintf(out, n, "%s:%llu", b->path, (unsigned long long)pos);
+}
+
+static void warn_at(build_t* b, uint64_t pos, const char* fmt, uint64_t ptr) {
+  if (!b->warn) return;
+  char at[300], msg[512];
+  where(b, pos, at, sizeof at);
+  snprintf(msg, sizeof msg, "%s: ", at);
+  size_t k = strlen(msg);
+  snprintf(msg + k, sizeof msg - k, fmt, (unsigned long long)ptr);
+  b->warn(msg, b->warn_arg);
+}
+
+static bool oom(build_t* b) {
+  fail(b->err, b->errlen, "%s: out of memory", b->path);
+  return false;
+}
+
+static bool build_alloc(build_t* b, uint64_t ptr, uint64_t size, uint64_t stream, uint64_t pos) {
+  trace_t* t = b->t;
+  int si = stream_index(t, stream);
+  if (si < 0) return oom(b);
+  trace_event_t e = {.stream = (uint32_t)si, .line = pos, .ptr = ptr};
+  trace_event_t old = e;
+  if (live_take(&b->live, ptr, &old.id, &old.size)) {
+    /* The address is still live: its free is missing. Free it here. */
+    warn_at(b, pos, "allocate of 0x%llx, which is still live; its free is missing and is "
+            "assumed here", ptr);
+    old.op = TRACE_FREE;
+    if (b->cur_live < old.size) b->cur_wraps--;
+    b->cur_live -= old.size;
+    t->implicit_frees++;
+    if (!push_event(t, &b->cap, old)) return oom(b);
+  }
+  e.op = TRACE_ALLOC;
+  e.id = t->nallocs++;
+  e.size = size;
+  if (!live_put(&b->live, ptr, e.id, size)) return oom(b);
+  b->cur_live += size;
+  if (b->cur_live < size) b->cur_wraps++; /* past 2^64: peak_live saturates */
+  uint64_t now = b->cur_wraps ? UINT64_MAX : b->cur_live;
+  if (now > t->peak_live) t->peak_live = now;
+  return push_event(t, &b->cap, e) || oom(b);
+}
+
+static bool build_free(build_t* b, uint64_t ptr, uint64_t stream, uint64_t pos) {
+  trace_t* t = b->t;
+  int si = stream_index(t, stream);
+  if (si < 0) return oom(b);
+  trace_event_t e = {.op = TRACE_FREE, .stream = (uint32_t)si, .line = pos, .ptr = ptr};
+  if (!live_take(&b->live, ptr, &e.id, &e.size)) {
+    t->skipped_frees++;
+    warn_at(b, pos, "free of 0x%llx, which is not live in the trace; skipped", ptr);
+    return true;
+  }
+  if (b->cur_live < e.size) b->cur_wraps--;
+  b->cur_live -= e.size;
+  return push_event(t, &b->cap, e) || oom(b);
+}
+
+/* ---- RMM's CSV log ----------------------------------------------------------------------- */
+
+static bool read_csv(build_t* b, gzFile f, char* line, size_t linecap) {
+  const char* path = b->path;
+  char* err = b->err;
+  size_t errlen = b->errlen;
+  uint64_t lineno = 1;
+  int col[NCOLS];
+  char* fields[32];
+  if (read_error(f, line)) {
+    int e;
+    fail(err, errlen, "%s:1: read error: %s (truncated or corrupt gzip?)", path, gzerror(f, &e));
+    return false;
+  }
+  chomp(line);
+  int ncols = split(line, fields, 32);
+  for (int c = 0; c < NCOLS; c++) {
+    col[c] = -1;
+    for (int i = 0; i < ncols && i < 32; i++) {
+      char* fld = fields[i];
+      while (*fld == ' ') fld++;
+      if (strcmp(fld, k_colnames[c]) == 0) col[c] = i;
+    }
+    if (col[c] < 0) {
+      fail(err, errlen, "%s:1: not an RMM log: the header has no '%s' column (expected "
+           "'Thread,Time,Action,Pointer,Size,Stream', or a PyTorch memory snapshot)", path,
+           k_colnames[c]);
+      return false;
+    }
+  }
+  for (;;) {
+    if (!gzgets(f, line, (int)linecap)) break;
+    lineno++;
+    if (read_error(f, line)) break; /* reported below */
+    size_t len = strlen(line);
+    if (len == linecap - 1 && line[len - 1] != '\n') {
+      fail(err, errlen, "%s:%llu: line longer than %d bytes", path, (unsigned long long)lineno,
+           LINE_MAX_BYTES - 2);
+      return false;
+    }
+    chomp(line);
+    if (line[0] == '\0') continue;
+    int n = split(line, fields, 32);
+    if (n != ncols) {
+      fail(err, errlen, "%s:%llu: %d fields, the header has %d", path,
+           (unsigned long long)lineno, n > 32 ? 32 : n, ncols);
+      return false;
+    }
+    const char* action = fields[col[COL_ACTION]];
+    uint64_t ptr, size, stream;
+    if (!parse_u64(fields[col[COL_POINTER]], 16, &ptr)) {
+      fail(err, errlen, "%s:%llu: bad pointer '%s'", path, (unsigned long long)lineno,
+           fields[col[COL_POINTER]]);
+      return false;
+    }
+    if (!parse_u64(fields[col[COL_SIZE]], 10, &size)) {
+      fail(err, errlen, "%s:%llu: bad size '%s'", path, (unsigned long long)lineno,
+           fields[col[COL_SIZE]]);
+      return false;
+    }
+    if (!parse_u64(fields[col[COL_STREAM]], 16, &stream)) {
+      fail(err, errlen, "%s:%llu: bad stream '%s'", path, (unsigned long long)lineno,
+           fields[col[COL_STREAM]]);
+      return false;
+    }
+    bool ok;
+    if (strcmp(action, "allocate") == 0) {
+      ok = build_alloc(b, ptr, size, stream, lineno);
+    } else if (strcmp(action, "free") == 0) {
+      ok = build_free(b, ptr, stream, lineno);
+    } else if (strcmp(action, "allocate failure") == 0) {
+      b->t->skipped_failures++;
+      ok = true;
+    } else {
+      fail(err, errlen, "%s:%llu: unknown action '%s' (allocate, free, allocate failure)", path,
+           (unsigned long long)lineno, action);
+      return false;
+    }
+    if (!ok) return false;
+  }
+  int e;
+  const char* zmsg = gzerror(f, &e);
+  if (e != Z_OK && e != Z_STREAM_END) {
+    fail(err, errlen, "%s:%llu: read error: %s (truncated or corrupt gzip?)", path,
+         (unsigned long long)lineno, zmsg);
+    return false;
+  }
+  if (!gzeof(f)) {
+    fail(err, errlen, "%s:%llu: read error", path, (unsigned long long)lineno);
+    return false;
+  }
+  return true;
+}
+
+/* ---- PyTorch memory snapshots -------------------------------------------------------------- */
+
+static bool snapshot_event(void* arg, int kind, uint64_t addr, uint64_t size, uint64_t stream,
+                           uint64_t index) {
+  build_t* b = arg;
+  return kind == SNAPSHOT_ALLOC ? build_alloc(b, addr, size, stream, index)
+                                : build_free(b, addr, stream, index);
+}
+
+static bool read_snapshot(build_t* b, gzFile f, const char* first, size_t nfirst) {
+  size_t cap = 1 << 20, n = nfirst;
+  unsigned char* data = malloc(cap);
+  if (!data) return oom(b);
+  memcpy(data, first, nfirst);
+  for (;;) {
+    if (n == cap) {
+      if (cap > ((size_t)1 << 34)) {
+        free(data);
+        fail(b->err, b->errlen, "%s: snapshot larger than 16 GiB", b->path);
+        return false;
+      }
+      unsigned char* v = realloc(data, cap * 2);
+      if (!v) {
+        free(data);
+        return oom(b);
+      }
+      data = v;
+      cap *= 2;
+    }
+    int got = gzread(f, data + n, (unsigned)(cap - n > (1u << 30) ? (1u << 30) : cap - n));
+    if (got < 0) {
+      int e;
+      fail(b->err, b->errlen, "%s: read error: %s (truncated or corrupt gzip?)", b->path,
+           gzerror(f, &e));
+      free(data);
+      return false;
+    }
+    if (got == 0) break;
+    n += (size_t)got;
+  }
+  int e;
+  gzerror(f, &e);
+  if (e != Z_OK && e != Z_STREAM_END) {
+    fail(b->err, b->errlen, "%s: read error: %s (truncated or corrupt gzip?)", b->path,
+         gzerror(f, &e));
+    free(data);
+    return false;
+  }
+  snapshot_info_t info;
+  char msg[400] = "";
+  b->by_event = true;
+  bool ok = snapshot_read(data, n, -1, snapshot_event, b, &info, msg, sizeof msg);
+  free(data);
+  if (!ok && msg[0]) fail(b->err, b->errlen, "%s: %s", b->path, msg);
+  if (ok && info.entries == 0) {
+    fail(b->err, b->errlen, "%s: the snapshot's traces are empty (was record_memory_history on?)",
+         b->path);
+    ok = false;
+  }
+  return ok;
+}
+
 bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
                 void (*warn)(const char* msg, void* arg), void* warn_arg) {
   memset(t, 0, sizeof *t);
@@ -227,163 +463,30 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
   t->path = strdup(path);
   const char* slash = strrchr(t->path ? t->path : path, '/');
   t->name = slash ? slash + 1 : t->path;
-  live_t live = {0};
-  size_t cap = 0;
+  build_t b = {.t = t, .path = path, .warn = warn, .warn_arg = warn_arg, .err = err,
+               .errlen = errlen};
   char line[LINE_MAX_BYTES];
-  uint64_t lineno = 0, cur_live = 0, cur_wraps = 0; /* live sum: cur_wraps * 2^64 + cur_live */
-  int col[NCOLS];
-  int ncols = 0;
   bool ok = false;
-  char* fields[32];
-
-  /* Header */
-  if (!gzgets(f, line, sizeof line)) {
+  /* A pickle starts with PROTO (0x80): a PyTorch snapshot; anything else is read as CSV. */
+  int first = gzgetc(f);
+  if (first == 0x80) {
+    line[0] = (char)first;
+    ok = read_snapshot(&b, f, line, 1);
+  } else if (first < 0) {
     int e;
     const char* zmsg = gzerror(f, &e);
     if (e != Z_OK && e != Z_STREAM_END)
       fail(err, errlen, "%s: cannot read: %s", path, zmsg);
     else
       fail(err, errlen, "%s: empty file (expected RMM's CSV header "
-           "'Thread,Time,Action,Pointer,Size,Stream')", path);
-    goto done;
+           "'Thread,Time,Action,Pointer,Size,Stream', or a PyTorch memory snapshot)", path);
+  } else {
+    line[0] = (char)first; /* the rest of the header line follows it */
+    line[1] = '\0';
+    if (first != '\n' && !gzgets(f, line + 1, sizeof line - 1)) line[1] = '\0';
+    ok = read_csv(&b, f, line, sizeof line);
   }
-  lineno = 1;
-  if (read_error(f, line)) {
-    int e;
-    fail(err, errlen, "%s:1: read error: %s (truncated or corrupt gzip?)", path, gzerror(f, &e));
-    goto done;
-  }
-  chomp(line);
-  ncols = split(line, fields, 32);
-  for (int c = 0; c < NCOLS; c++) {
-    col[c] = -1;
-    for (int i = 0; i < ncols && i < 32; i++) {
-      char* fld = fields[i];
-      while (*fld == ' ') fld++;
-      if (strcmp(fld, k_colnames[c]) == 0) col[c] = i;
-    }
-    if (col[c] < 0) {
-      fail(err, errlen, "%s:1: not an RMM log: the header has no '%s' column (expected "
-           "'Thread,Time,Action,Pointer,Size,Stream')", path, k_colnames[c]);
-      goto done;
-    }
-  }
-
-  for (;;) {
-    if (!gzgets(f, line, sizeof line)) break;
-    lineno++;
-    if (read_error(f, line)) break; /* reported below */
-    size_t len = strlen(line);
-    if (len == sizeof line - 1 && line[len - 1] != '\n') {
-      fail(err, errlen, "%s:%llu: line longer than %d bytes", path, (unsigned long long)lineno,
-           LINE_MAX_BYTES - 2);
-      goto done;
-    }
-    chomp(line);
-    if (line[0] == '\0') continue;
-    int n = split(line, fields, 32);
-    if (n != ncols) {
-      fail(err, errlen, "%s:%llu: %d fields, the header has %d", path,
-           (unsigned long long)lineno, n > 32 ? 32 : n, ncols);
-      goto done;
-    }
-    const char* action = fields[col[COL_ACTION]];
-    uint64_t ptr, size, stream;
-    if (!parse_u64(fields[col[COL_POINTER]], 16, &ptr)) {
-      fail(err, errlen, "%s:%llu: bad pointer '%s'", path, (unsigned long long)lineno,
-           fields[col[COL_POINTER]]);
-      goto done;
-    }
-    if (!parse_u64(fields[col[COL_SIZE]], 10, &size)) {
-      fail(err, errlen, "%s:%llu: bad size '%s'", path, (unsigned long long)lineno,
-           fields[col[COL_SIZE]]);
-      goto done;
-    }
-    if (!parse_u64(fields[col[COL_STREAM]], 16, &stream)) {
-      fail(err, errlen, "%s:%llu: bad stream '%s'", path, (unsigned long long)lineno,
-           fields[col[COL_STREAM]]);
-      goto done;
-    }
-    int si = stream_index(t, stream);
-    if (si < 0) {
-      fail(err, errlen, "%s: out of memory", path);
-      goto done;
-    }
-    trace_event_t e = {.stream = (uint32_t)si, .line = lineno, .ptr = ptr};
-    if (strcmp(action, "allocate") == 0) {
-      trace_event_t old = e;
-      if (live_take(&live, ptr, &old.id, &old.size)) {
-        /* The address is still live: its free row is missing. Free it here. */
-        if (warn) {
-          char msg[256];
-          snprintf(msg, sizeof msg, "%s:%llu: allocate of 0x%llx, which is still live; its "
-                   "free is missing and is assumed here", path, (unsigned long long)lineno,
-                   (unsigned long long)ptr);
-          warn(msg, warn_arg);
-        }
-        old.op = TRACE_FREE;
-        if (cur_live < old.size) cur_wraps--;
-        cur_live -= old.size;
-        t->implicit_frees++;
-        if (!push_event(t, &cap, old)) {
-          fail(err, errlen, "%s: out of memory", path);
-          goto done;
-        }
-      }
-      e.op = TRACE_ALLOC;
-      e.id = t->nallocs++;
-      e.size = size;
-      if (!live_put(&live, ptr, e.id, size)) {
-        fail(err, errlen, "%s: out of memory", path);
-        goto done;
-      }
-      cur_live += size;
-      if (cur_live < size) cur_wraps++; /* past 2^64: peak_live saturates */
-      uint64_t now = cur_wraps ? UINT64_MAX : cur_live;
-      if (now > t->peak_live) t->peak_live = now;
-    } else if (strcmp(action, "free") == 0) {
-      e.op = TRACE_FREE;
-      if (!live_take(&live, ptr, &e.id, &e.size)) {
-        t->skipped_frees++;
-        if (warn) {
-          char msg[256];
-          snprintf(msg, sizeof msg, "%s:%llu: free of 0x%llx, which is not live in the trace; "
-                   "skipped", path, (unsigned long long)lineno, (unsigned long long)ptr);
-          warn(msg, warn_arg);
-        }
-        continue;
-      }
-      if (cur_live < e.size) cur_wraps--;
-      cur_live -= e.size;
-    } else if (strcmp(action, "allocate failure") == 0) {
-      t->skipped_failures++;
-      continue;
-    } else {
-      fail(err, errlen, "%s:%llu: unknown action '%s' (allocate, free, allocate failure)", path,
-           (unsigned long long)lineno, action);
-      goto done;
-    }
-    if (!push_event(t, &cap, e)) {
-      fail(err, errlen, "%s: out of memory", path);
-      goto done;
-    }
-  }
-  {
-    int e;
-    const char* zmsg = gzerror(f, &e);
-    if (e != Z_OK && e != Z_STREAM_END) {
-      fail(err, errlen, "%s:%llu: read error: %s (truncated or corrupt gzip?)", path,
-           (unsigned long long)lineno, zmsg);
-      goto done;
-    }
-    if (!gzeof(f)) {
-      fail(err, errlen, "%s:%llu: read error", path, (unsigned long long)lineno);
-      goto done;
-    }
-  }
-  ok = true;
-done:
-  live_free(&live);
+  live_free(&b.live);
   gzclose(f);
   if (!ok) trace_free(t);
   return ok;

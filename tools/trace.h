@@ -31,8 +31,11 @@ typedef struct trace_s {
   size_t implicit_frees;   /* allocations of a still-live address: a free was assumed */
 } trace_t;
 
-/* Read an RMM CSV log (plain or gzip). On failure returns false with a message naming the
- * file and line in err. Warnings (skipped rows) go to `warn` if it is not NULL. */
+/* Read an RMM CSV log or a PyTorch memory snapshot (torch.cuda.memory._snapshot() pickled,
+ * with record_memory_history on: its first device with a trace, "alloc" and
+ * "free_completed" entries), plain or gzip. On failure returns false with a message naming
+ * the file and the line (CSV) or event (snapshot) in err. Warnings (skipped rows) go to
+ * `warn` if it is not NULL. trace_event_t.line is the event's position for snapshots. */
 bool trace_read(const char* path, trace_t* out, char* err, size_t errlen,
                 void (*warn)(const char* msg, void* arg), void* warn_arg);
 void trace_free(trace_t* t);
