@@ -200,6 +200,10 @@ STASH_API size_t stash_heap_stats_json(stash_heap_t* heap, char* buf, size_t n);
 /* The heap's memory_summary() table (stash_stats_summary). Thread-safe. */
 STASH_API size_t stash_heap_summary(stash_heap_t* heap, bool abbreviated, char* buf, size_t n);
 
+/* The bytes the heap holds from its provider now (reserved_bytes.all.current), cheaply.
+ * Thread-safe. */
+STASH_API size_t stash_heap_reserved_bytes(stash_heap_t* heap);
+
 /* Write stats as one JSON object with the flattened, sorted keys of
  * torch.cuda.memory_stats() ("active.all.current": 3, ...) into buf (NUL-terminated,
  * truncated to n). Returns the length the full text needs. Thread-safe. */

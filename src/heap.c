@@ -254,3 +254,11 @@ size_t stash_heap_summary(stash_heap_t* h, bool abbreviated, char* buf, size_t n
   stash_stats_t s;
   return stats_for_text(h, &s, buf, n) ? stash_stats_summary(&s, h->device, abbreviated, buf, n) : 0;
 }
+
+size_t stash_heap_reserved_bytes(stash_heap_t* h) {
+  if (!h) return 0;
+  pthread_mutex_lock(&h->lock);
+  size_t r = h->total_reserved;
+  pthread_mutex_unlock(&h->lock);
+  return r;
+}

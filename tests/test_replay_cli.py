@@ -629,9 +629,10 @@ def test_default_run():
         m = re.match(r"^([ *]) (\S+)\s+(\d+)\s", line)
         if m:
             rows[m.group(2)] = m
-    for c in ("policy:stash", PT, PT_EXP):
+    for c in ("policy:stash", PT, PT_EXP, PT + ",max_split_size_mb:200",
+              PT + ",roundup_power2_divisions:4"):
         check(c in rows, "table has a row for %r\n%s" % (c, out))
-    check_eq(len(rows), 3, "rows of the default table\n" + out)
+    check_eq(len(rows), 5, "rows of the default table\n" + out)
     check_eq(sum(m.group(1) == "*" for m in rows.values()), 1, "rows marked '*'\n" + out)
     # Same numbers as replaying the data dir's copy explicitly.
     objs, _ = replay_json(os.path.join(DATA, "traces", "resnet50_train.csv.gz"),

@@ -114,6 +114,70 @@ static bool check_live(stash_heap_t* heap, check_ctx_t* c) {
   return true;
 }
 
+/* ---- The layout at the peak ----------------------------------------------------------- */
+
+typedef struct layout_ctx_s {
+  replay_segment_t* v;
+  size_t n, cap;
+  bool failed;
+} layout_ctx_t;
+
+static void layout_free(replay_segment_t* v, size_t n) {
+  for (size_t i = 0; i < n; i++) free(v[i].blocks);
+  free(v);
+}
+
+static int layout_segment(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  layout_ctx_t* c = arg;
+  if (c->n == c->cap) {
+    size_t cap = c->cap ? c->cap * 2 : 16;
+    replay_segment_t* v = realloc(c->v, cap * sizeof *v);
+    if (!v) {
+      c->failed = true;
+      return 1;
+    }
+    c->v = v;
+    c->cap = cap;
+  }
+  replay_segment_t* s = &c->v[c->n];
+  *s = (replay_segment_t){seg->address, seg->total_size, seg->mapped_size, seg->is_small,
+                          seg->is_expandable && seg->mapped_size == 0 && seg->total_size > 0,
+                          NULL, 0};
+  s->blocks = malloc((seg->nblocks ? seg->nblocks : 1) * sizeof *s->blocks);
+  if (!s->blocks) {
+    c->failed = true;
+    return 1;
+  }
+  for (size_t i = 0; i < seg->nblocks; i++)
+    s->blocks[i] = (replay_block_t){b[i].address, b[i].size, b[i].requested_size, (int)b[i].state};
+  s->nblocks = seg->nblocks;
+  c->n++;
+  return 0;
+}
+
+/* Replace out's layout by the heap's now. */
+static void take_layout(stash_heap_t* heap, replay_result_t* out, uint64_t event) {
+  layout_ctx_t c = {0};
+  stash_heap_visit(heap, layout_segment, &c);
+  if (c.failed) {
+    layout_free(c.v, c.n);
+    return;
+  }
+  layout_free(out->layout, out->nlayout);
+  out->layout = c.v;
+  out->nlayout = c.n;
+  out->layout_event = event;
+}
+
+void replay_result_free(replay_result_t* r) {
+  free(r->series_live);
+  free(r->series_reserved);
+  layout_free(r->layout, r->nlayout);
+  r->series_live = r->series_reserved = NULL;
+  r->layout = NULL;
+  r->nlayout = 0;
+}
+
 stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
                           replay_result_t* out) {
   memset(out, 0, sizeof *out);
@@ -172,6 +236,15 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     out->driver_checked = true;
   }
   uint64_t half_allocs = 0, half_frees = 0;
+  uint64_t live = 0, nlive = 0, layout_peak = 0;
+  if (opts->series) {
+    out->series_live = malloc((t->nevents ? t->nevents : 1) * sizeof *out->series_live);
+    out->series_reserved = malloc((t->nevents ? t->nevents : 1) * sizeof *out->series_reserved);
+    if (!out->series_live || !out->series_reserved) {
+      st = STASH_ERR_HOST_OOM;
+      goto done;
+    }
+  }
   size_t half = t->nevents / 2;
   double t0 = now_ns();
   for (size_t i = 0; i < t->nevents; i++) {
@@ -186,17 +259,40 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     if (e->op == TRACE_ALLOC) {
       stash_status_t r = stash_heap_alloc(heap, e->size, stream, &ptrs[e->id]);
       if (r == STASH_ERR_OOM) {
-        if (!out->ooms) out->first_oom_line = e->line;
+        if (!out->ooms) {
+          out->first_oom_line = e->line;
+          out->first_oom_event = i + 1;
+          out->first_oom_size = e->size;
+          out->first_oom_live_bytes = live;
+          out->first_oom_live_count = nlive;
+        }
         out->ooms++;
       } else if (r != STASH_OK) {
         st = r;
         goto done;
+      } else if (ptrs[e->id]) {
+        live += e->size;
+        nlive++;
       }
     } else if (ptrs[e->id]) {
       st = stash_heap_free(heap, ptrs[e->id]);
       if (st != STASH_OK) goto done;
       ptrs[e->id] = NULL;
+      live -= e->size;
+      nlive--;
     }
+    if (opts->series || opts->layout) {
+      uint64_t res = stash_heap_reserved_bytes(heap);
+      if (opts->series) {
+        out->series_live[i] = live;
+        out->series_reserved[i] = res;
+      }
+      if (opts->layout && res > layout_peak) {
+        layout_peak = res;
+        take_layout(heap, out, i + 1);
+      }
+    }
+    if (opts->progress && (i & 0xffff) == 0) opts->progress(i, t->nevents, opts->progress_arg);
     /* The GPU keeps up: the work queued so far on every stream is done by the next event
      * (events recorded for cross-stream reuse complete then). */
     if (sim)

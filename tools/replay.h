@@ -19,6 +19,10 @@ typedef struct replay_result_s {
   uint64_t alloc_retries;        /* num_alloc_retries */
   uint64_t ooms;                 /* allocations that failed with out of memory */
   uint64_t first_oom_line;       /* line of the first failed allocation (0: none) */
+  uint64_t first_oom_event;      /* its event number (1-based) */
+  uint64_t first_oom_size;       /* the bytes it asked for */
+  uint64_t first_oom_live_bytes; /* what the trace had live then (served allocations) */
+  uint64_t first_oom_live_count; /* in how many allocations */
   double ns_per_event;           /* host wall time of the replay loop per event */
   double modeled_driver_us;      /* the provider calls' modelled cost (simulated device) */
   uint64_t device_allocs_second_half; /* calls that allocate or map, in the second half */
@@ -33,7 +37,27 @@ typedef struct replay_result_s {
   uint64_t calls[STASH_CALL_COUNT];  /* simulated: provider calls of each kind */
   double driver_us[STASH_CALL_COUNT]; /* simulated: their modelled cost */
   stash_stats_t stats;           /* the heap's statistics at the end */
+  /* With opts.series: live (requested bytes of served allocations) and reserved bytes after
+   * every event (events entries each); free with replay_result_free. */
+  uint64_t* series_live;
+  uint64_t* series_reserved;
+  /* With opts.layout: the heap's segments and blocks when reserved first reached its peak. */
+  struct replay_segment_s* layout;
+  size_t nlayout;
+  uint64_t layout_event;         /* the event after which it was taken */
 } replay_result_t;
+
+typedef struct replay_block_s {
+  uint64_t address, size, requested;
+  int state; /* stash_block_state_t */
+} replay_block_t;
+
+typedef struct replay_segment_s {
+  uint64_t address, size, mapped;
+  bool small, stitched; /* stitched: a policy:stash range over memory shown elsewhere */
+  replay_block_t* blocks;
+  size_t nblocks;
+} replay_segment_t;
 
 typedef struct replay_opts_s {
   bool cuda;            /* replay on a real GPU through the CUDA provider (else: simulated) */
@@ -41,6 +65,11 @@ typedef struct replay_opts_s {
   uint64_t capacity;    /* the simulated device's bytes (0: an H200) */
   uint64_t check_every; /* if non-zero: check the heap every so many events */
   bool driver_check;    /* with cuda: compare the driver's memory in use with reserved */
+  bool series;          /* record live and reserved bytes after every event */
+  bool layout;          /* keep the heap's layout at the peak */
+  /* Called now and then with the events done so far (e.g. a progress bar). */
+  void (*progress)(uint64_t done, uint64_t total, void* arg);
+  void* progress_arg;
 } replay_opts_t;
 
 /* Replay t under conf on a fresh simulated device (or a real GPU). Returns STASH_OK or the
@@ -50,5 +79,7 @@ typedef struct replay_opts_s {
  * other. */
 stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
                           replay_result_t* out);
+/* Free what replay_run allocated in r (series, layout). */
+void replay_result_free(replay_result_t* r);
 
 #endif

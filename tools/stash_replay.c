@@ -5,12 +5,15 @@
  *                [--provider sim|cuda] [--device N] [--driver-check] [TRACE...]
  *
  * With no trace, it replays the ResNet-50 trace shipped with stash under policy:stash and
- * PyTorch's default and expandable-segments settings.
+ * the four PyTorch settings users try: default, expandable segments, max_split_size_mb and
+ * roundup_power2_divisions.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "html.h"
 #include "replay.h"
 #include "stash.h"
 #include "stash_provider.h"
@@ -22,12 +25,15 @@
 
 #define MAX_CONFS 64
 
+static uint64_t g_series_points; /* --series N */
+
 static void usage(FILE* f) {
   fprintf(f,
-          "usage: stash-replay [options] [TRACE.csv[.gz]...]\n"
+          "usage: stash-replay [options] [TRACE...]\n"
           "\n"
-          "Replays allocation traces (RMM's CSV log, plain or gzip) through stash on a\n"
-          "simulated device and reports, per configuration, the peak memory reserved.\n"
+          "Replays allocation traces - RMM's CSV log, or a PyTorch memory snapshot\n"
+          "(torch.cuda.memory._snapshot() pickled), plain or gzip - through stash on a\n"
+          "simulated device and reports, per configuration, the memory it reserves.\n"
           "\n"
           "options:\n"
           "  --conf STR       a configuration in STASH_CONF's grammar, e.g.\n"
@@ -43,10 +49,14 @@ static void usage(FILE* f) {
           "  --device N       the GPU to replay on, with --provider cuda (default 0)\n"
           "  --driver-check   with cuda: read the driver's memory in use (cuMemGetInfo)\n"
           "                   whenever reserved bytes change and report how far apart they are\n"
+          "  --html FILE      also write a self-contained HTML page: per configuration, live\n"
+          "                   and reserved bytes over the trace and the memory at the peak\n"
+          "  --series N       with --json: add live and reserved bytes over the trace, N points\n"
           "  -h, --help       this text\n"
           "\n"
-          "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash,\n"
-          "policy:pytorch and policy:pytorch,expandable_segments:True.\n",
+          "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash and\n"
+          "policy:pytorch with its default, expandable_segments:True, max_split_size_mb:200\n"
+          "and roundup_power2_divisions:4 (no --conf: the same list for any trace).\n",
           STASH_DATA_DIR);
 }
 
@@ -65,6 +75,8 @@ static void json_string(const char* s) {
   }
   putchar('"');
 }
+
+static void print_series(const replay_result_t* r, uint64_t events, uint64_t points);
 
 static void print_json(const trace_t* t, const char* conf, const char* provider,
                        const replay_result_t* r) {
@@ -101,6 +113,13 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
     }
     printf("}");
   }
+  if (r->ooms)
+    printf(", \"first_oom_line\": %llu, \"first_oom_event\": %llu, \"first_oom_size\": %llu, "
+           "\"first_oom_live_bytes\": %llu, \"first_oom_live_allocations\": %llu",
+           (unsigned long long)r->first_oom_line, (unsigned long long)r->first_oom_event,
+           (unsigned long long)r->first_oom_size, (unsigned long long)r->first_oom_live_bytes,
+           (unsigned long long)r->first_oom_live_count);
+  print_series(r, r->events, g_series_points);
   if (r->driver_checked)
     printf(", \"driver_checks\": %llu, \"driver_used_at_peak_bytes\": %llu, "
            "\"driver_gap_max_bytes\": %lld",
@@ -116,18 +135,86 @@ static void print_table_header(const trace_t* t) {
   printf("\n%s: %zu events, %zu stream%s, peak live %llu bytes (%.2f GiB)\n", t->name,
          t->nevents, t->nstreams, t->nstreams == 1 ? "" : "s",
          (unsigned long long)t->peak_live, gib(t->peak_live));
-  printf("  %-44s %15s %9s %6s %15s %7s %7s %5s %9s\n", "configuration", "peak reserved", "GiB",
-         "util", "peak allocated", "dev+", "dev-", "OOMs", "ns/event");
+  printf("  %-44s %15s %9s %6s %9s %9s %7s %7s %5s %9s\n", "configuration", "peak reserved",
+         "GiB", "util", "wasted", "live GiB", "dev+", "dev-", "OOMs", "ns/event");
 }
 
 static void print_table_row(const char* conf, const replay_result_t* r, bool best) {
   double util = r->peak_reserved_bytes ? 100.0 * (double)r->peak_live_bytes /
                                              (double)r->peak_reserved_bytes
                                        : 0.0;
-  printf("%c %-44s %15llu %9.2f %5.1f%% %15llu %7llu %7llu %5llu %9.0f\n", best ? '*' : ' ',
+  uint64_t wasted = r->peak_reserved_bytes > r->peak_live_bytes
+                        ? r->peak_reserved_bytes - r->peak_live_bytes : 0;
+  printf("%c %-44s %15llu %9.2f %5.1f%% %9.2f %9.2f %7llu %7llu %5llu %9.0f\n", best ? '*' : ' ',
          conf, (unsigned long long)r->peak_reserved_bytes, gib(r->peak_reserved_bytes), util,
-         (unsigned long long)r->peak_allocated_bytes, (unsigned long long)r->device_allocs,
+         gib(wasted), gib(r->peak_live_bytes), (unsigned long long)r->device_allocs,
          (unsigned long long)r->device_frees, (unsigned long long)r->ooms, r->ns_per_event);
+}
+
+static void size_text(uint64_t b, char* out, size_t n) {
+  if (b >= (1ull << 30)) snprintf(out, n, "%.2f GiB", gib(b));
+  else if (b >= (1ull << 20)) snprintf(out, n, "%.2f MiB", (double)b / 1048576.0);
+  else snprintf(out, n, "%llu bytes", (unsigned long long)b);
+}
+
+/* Whether the trace fit, and if not where it ran out and what was live then. */
+static void print_capacity(const char* conf, const replay_result_t* r, uint64_t capacity) {
+  char cap[32];
+  size_text(capacity, cap, sizeof cap);
+  if (!r->ooms) {
+    if (capacity) printf("  %s: fits in %s (peak reserved %.2f GiB)\n", conf, cap,
+                         gib(r->peak_reserved_bytes));
+    return;
+  }
+  char want[32], live[32];
+  size_text(r->first_oom_size, want, sizeof want);
+  size_text(r->first_oom_live_bytes, live, sizeof live);
+  printf("  %s: %llu allocations ran out of memory, the first at line %llu (event %llu): it "
+         "asked for %s with %s live in %llu allocations%s%s\n", conf,
+         (unsigned long long)r->ooms, (unsigned long long)r->first_oom_line,
+         (unsigned long long)r->first_oom_event, want, live,
+         (unsigned long long)r->first_oom_live_count, capacity ? "; does not fit in " : "",
+         capacity ? cap : "");
+}
+
+/* A progress bar on stderr, for long traces when stderr is a terminal. */
+typedef struct progress_s {
+  const char* what;
+  int last;
+} progress_t;
+
+static void progress_cb(uint64_t done, uint64_t total, void* arg) {
+  progress_t* p = arg;
+  int pct = total ? (int)(100 * done / total) : 100;
+  if (pct == p->last) return;
+  p->last = pct;
+  int w = 30, k = pct * w / 100;
+  fprintf(stderr, "\r  [%.*s%*s] %3d%% %s", k, "==============================", w - k, "", pct,
+          p->what);
+  fflush(stderr);
+}
+
+static void print_series(const replay_result_t* r, uint64_t events, uint64_t points) {
+  if (!r->series_live || !points) return;
+  uint64_t pts = events < points ? events : points;
+  const char* names[3] = {"event", "live", "reserved"};
+  printf(", \"series\": {");
+  for (int k = 0; k < 3; k++) {
+    printf("%s\"%s\": [", k ? ", " : "", names[k]);
+    for (uint64_t p = 0; p < pts; p++) {
+      uint64_t a = p * events / pts, b = (p + 1) * events / pts, v = 0, at = b;
+      for (uint64_t i = a; i < b; i++) { /* the bucket's largest reserved (or live) value */
+        uint64_t x = k == 1 ? r->series_live[i] : r->series_reserved[i];
+        if (x >= v) {
+          v = x;
+          at = i + 1;
+        }
+      }
+      printf("%s%llu", p ? ", " : "", (unsigned long long)(k == 0 ? at : v));
+    }
+    printf("]");
+  }
+  printf("}");
 }
 
 int main(int argc, char** argv) {
@@ -137,6 +224,7 @@ int main(int argc, char** argv) {
   int ntraces = 0;
   replay_opts_t opts = {0};
   bool json = false;
+  const char* html_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -146,6 +234,19 @@ int main(int argc, char** argv) {
       json = true;
     } else if (!strcmp(a, "--driver-check")) {
       opts.driver_check = true;
+    } else if (!strcmp(a, "--html") || !strcmp(a, "--series")) {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "stash-replay: %s needs a value\n", a);
+        return 2;
+      }
+      const char* v = argv[++i];
+      if (!strcmp(a, "--html")) {
+        html_path = v;
+      } else if (!trace_parse_size(v, &g_series_points) || g_series_points == 0 ||
+                 g_series_points > 10000000) {
+        fprintf(stderr, "stash-replay: --series: '%s' is not a number of points (1..10000000)\n", v);
+        return 2;
+      }
     } else if (!strcmp(a, "--conf") || !strcmp(a, "--capacity") || !strcmp(a, "--check") ||
                !strcmp(a, "--provider") || !strcmp(a, "--device")) {
       if (i + 1 >= argc) {
@@ -196,6 +297,8 @@ int main(int argc, char** argv) {
   if (nconfs == 0) {
     confs[nconfs++] = "policy:stash";
     confs[nconfs++] = "policy:pytorch";
+    confs[nconfs++] = "policy:pytorch,max_split_size_mb:200";
+    confs[nconfs++] = "policy:pytorch,roundup_power2_divisions:4";
     confs[nconfs++] = "policy:pytorch,expandable_segments:True";
   }
   if (opts.cuda) {
@@ -223,6 +326,19 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  FILE* html = NULL;
+  if (html_path) {
+    html = fopen(html_path, "w");
+    if (!html) {
+      fprintf(stderr, "stash-replay: --html: cannot write '%s'\n", html_path);
+      return 2;
+    }
+    html_begin(html);
+    opts.series = opts.layout = true;
+  }
+  if (g_series_points) opts.series = true;
+  progress_t bar = {NULL, -1};
+  bool tty = isatty(2);
   int rc = 0;
   for (int ti = 0; ti < ntraces; ti++) {
     trace_t t;
@@ -235,7 +351,12 @@ int main(int argc, char** argv) {
     replay_result_t results[MAX_CONFS];
     bool ok[MAX_CONFS];
     for (int c = 0; c < nconfs; c++) {
+      bar.what = confs[c];
+      bar.last = -1;
+      opts.progress = tty && t.nevents >= 200000 ? progress_cb : NULL;
+      opts.progress_arg = &bar;
       stash_status_t st = replay_run(&t, &parsed[c], &opts, &results[c]);
+      if (opts.progress) fprintf(stderr, "\r%*s\r", 80, "");
       ok[c] = st == STASH_OK;
       if (!ok[c]) {
         fprintf(stderr, "stash-replay: %s under '%s': %s: %s\n", t.name, confs[c],
@@ -245,27 +366,35 @@ int main(int argc, char** argv) {
       }
       if (json) print_json(&t, confs[c], opts.cuda ? "cuda" : "sim", &results[c]);
     }
+    int best = -1;
+    for (int c = 0; c < nconfs; c++) {
+      if (ok[c] && !results[c].ooms &&
+          (best < 0 || results[c].peak_reserved_bytes < results[best].peak_reserved_bytes))
+        best = c;
+    }
     if (!json) {
-      int best = -1;
-      for (int c = 0; c < nconfs; c++) {
-        if (ok[c] && !results[c].ooms &&
-            (best < 0 || results[c].peak_reserved_bytes < results[best].peak_reserved_bytes))
-          best = c;
-      }
       print_table_header(&t);
       for (int c = 0; c < nconfs; c++) {
         if (ok[c]) print_table_row(confs[c], &results[c], c == best);
       }
       for (int c = 0; c < nconfs; c++) {
-        if (ok[c] && results[c].ooms)
-          printf("  %s: %llu allocations ran out of memory, the first at line %llu\n", confs[c],
-                 (unsigned long long)results[c].ooms,
-                 (unsigned long long)results[c].first_oom_line);
+        if (ok[c]) print_capacity(confs[c], &results[c], opts.capacity);
       }
-      printf("  (* least reserved; util = peak live / peak reserved; dev+/dev- = device "
-             "allocations/frees)\n");
+      printf("  (* least reserved; util = peak live / peak reserved; wasted = peak reserved - "
+             "peak live, GiB; dev+/dev- = device allocations/frees)\n");
     }
+    if (html) html_trace(html, &t, confs, results, ok, nconfs, best);
+    for (int c = 0; c < nconfs; c++) replay_result_free(&results[c]);
     trace_free(&t);
+  }
+  if (html) {
+    html_end(html);
+    if (fclose(html) != 0) {
+      fprintf(stderr, "stash-replay: --html: error writing '%s'\n", html_path);
+      rc = 1;
+    } else if (!json) {
+      printf("\nwrote %s\n", html_path);
+    }
   }
   return rc;
 }
