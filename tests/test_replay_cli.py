@@ -309,6 +309,30 @@ def test_empty_file():
     expect_error(write("empty.csv", ""), r"empty")
 
 
+def test_snapshots():
+    import gzip as _gz
+    import pickle as _pk
+    real = os.path.join(DATA, "traces", "resnet50_train.snapshot.pickle.gz")
+    objs, _ = replay_json(real, confs=(PT,))
+    check_eq(objs[0]["events"], 4065, "events of the real snapshot (2034 allocs, 2031 frees)")
+    check_eq(objs[0]["peak_live_bytes"], 6057040912, "peak live of the real snapshot")
+    plain = write("snap.pickle", data=_gz.open(real).read())
+    objs2, _ = replay_json(plain, confs=(PT,))
+    check_eq(objs2[0]["peak_reserved_bytes"], objs[0]["peak_reserved_bytes"], "plain = gzip")
+    # Bad snapshots: each a clear error naming the file, and a non-zero exit.
+    expect_error(write("list.pickle", data=_pk.dumps([1, 2, 3], protocol=4)),
+                 r"list\.pickle", r"not a PyTorch memory snapshot")
+    expect_error(write("nohist.pickle", data=_pk.dumps({"segments": []}, protocol=4)),
+                 r"nohist\.pickle", r"record_memory_history")
+    whole = _pk.dumps({"device_traces": [[{"action": "alloc", "addr": 4096, "size": 10}]]}, protocol=4)
+    expect_error(write("cut.pickle", data=whole[:len(whole) // 2]), r"cut\.pickle", r"byte \d+")
+    expect_error(write("noaddr.pickle", data=_pk.dumps(
+        {"device_traces": [[{"action": "alloc", "size": 10}]]}, protocol=4)),
+        r"noaddr\.pickle", r"event 1\b")
+    expect_error(write("set.pickle", data=_pk.dumps({"device_traces": {1, 2}}, protocol=4)),
+                 r"set\.pickle", r"opcode|not a PyTorch")
+
+
 def test_not_rmm_header():
     expect_error(write("hdr.csv", "a,b,c\n1,2,3\n"), r"hdr\.csv:1\b", r"(?i)header|rmm")
 

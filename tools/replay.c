@@ -83,6 +83,7 @@ static int collect_block(const stash_segment_info_t* seg, const stash_block_info
 }
 
 static bool overlapping(span_t* v, size_t n, uint64_t* where) {
+  if (n < 2) return false; /* (and qsort may not be given a NULL array) */
   qsort(v, n, sizeof *v, cmp_span);
   for (size_t i = 1; i < n; i++) {
     if (v[i].start < v[i - 1].start + v[i - 1].size) {

@@ -452,6 +452,9 @@ static bool read_snapshot(build_t* b, gzFile f, const char* first, size_t nfirst
   return ok;
 }
 
+static bool read_gz(gzFile f, const char* path, trace_t* t, char* err, size_t errlen,
+                    void (*warn)(const char* msg, void* arg), void* warn_arg);
+
 bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
                 void (*warn)(const char* msg, void* arg), void* warn_arg) {
   memset(t, 0, sizeof *t);
@@ -460,6 +463,23 @@ bool trace_read(const char* path, trace_t* t, char* err, size_t errlen,
     fail(err, errlen, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
     return false;
   }
+  return read_gz(f, path, t, err, errlen, warn, warn_arg);
+}
+
+bool trace_read_fd(int fd, const char* name, trace_t* t, char* err, size_t errlen,
+                   void (*warn)(const char* msg, void* arg), void* warn_arg) {
+  memset(t, 0, sizeof *t);
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    fail(err, errlen, "%s: cannot read", name);
+    return false;
+  }
+  return read_gz(f, name, t, err, errlen, warn, warn_arg);
+}
+
+/* Read an opened file (gzclose'd here). */
+static bool read_gz(gzFile f, const char* path, trace_t* t, char* err, size_t errlen,
+                    void (*warn)(const char* msg, void* arg), void* warn_arg) {
   t->path = strdup(path);
   const char* slash = strrchr(t->path ? t->path : path, '/');
   t->name = slash ? slash + 1 : t->path;

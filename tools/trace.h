@@ -38,6 +38,9 @@ typedef struct trace_s {
  * `warn` if it is not NULL. trace_event_t.line is the event's position for snapshots. */
 bool trace_read(const char* path, trace_t* out, char* err, size_t errlen,
                 void (*warn)(const char* msg, void* arg), void* warn_arg);
+/* The same from an open file descriptor (taken over and closed), named `name` in messages. */
+bool trace_read_fd(int fd, const char* name, trace_t* out, char* err, size_t errlen,
+                   void (*warn)(const char* msg, void* arg), void* warn_arg);
 void trace_free(trace_t* t);
 
 /* Parse a size with an optional K/M/G/T suffix (binary; "iB" or "B" accepted). */
