@@ -127,7 +127,17 @@ stash_status_t stash_heap_alloc(stash_heap_t* h, size_t size, void* stream, void
   if (size == 0) return STASH_OK; /* PyTorch hands out no memory for 0 bytes */
   uint64_t ptr = 0;
   pthread_mutex_lock(&h->lock);
-  stash_status_t st = h->policy->alloc(h, size, stream, &ptr);
+  stash_status_t st;
+  if (size >= (size_t)1 << 60) { /* refused before any policy arithmetic can overflow */
+    h->stats.num_ooms++;
+    _stash_history_add(h, STASH_TRACE_OOM, 0, size, stream);
+    char req[32];
+    _stash_format_size(size, req, sizeof req);
+    st = _stash_error(STASH_ERR_OOM, "out of memory: tried to allocate %s (%zu bytes), more "
+                      "than 1 EiB", req, size);
+  } else {
+    st = h->policy->alloc(h, size, stream, &ptr);
+  }
   pthread_mutex_unlock(&h->lock);
   if (st == STASH_OK) *out = (void*)(uintptr_t)ptr;
   return st;

@@ -31,7 +31,6 @@
 #define kSmallBuffer ((size_t)2 << 20)
 #define kMinLargeAlloc ((size_t)10 << 20)
 #define kRoundLarge ((size_t)2 << 20)
-#define kOneExaByte ((size_t)1 << 60)
 
 typedef struct pt_block_s pt_block;
 typedef struct pt_pool_s pt_pool;
@@ -954,55 +953,17 @@ static void release_empty_expandable_segments(stash_heap_t* h) {
 }
 
 static stash_status_t report_oom(stash_heap_t* h, size_t orig_size, const alloc_params* p) {
-  pt_state* s = S(h);
-  h->stats.num_ooms++;
-  size_t dev_free = 0, dev_total = 0;
-  bool have_info = PCALL(h, mem_info, h->device, &dev_free, &dev_total) == STASH_OK;
-  _stash_history_add(h, STASH_TRACE_OOM, dev_free, orig_size, p->stream); /* PyTorch: device_free */
-  char req[32], seg[32], tot[32], fre[32], alloc[32], cached[32], largest[32], allowed[96];
-  _stash_format_size(orig_size, req, sizeof req);
-  _stash_format_size(p->alloc_size, seg, sizeof seg);
-  _stash_format_size(dev_total, tot, sizeof tot);
-  _stash_format_size(dev_free, fre, sizeof fre);
-  int64_t a = h->stats.allocated_bytes[STASH_STAT_ALL].current;
-  int64_t r = h->stats.reserved_bytes[STASH_STAT_ALL].current;
-  _stash_format_size((size_t)a, alloc, sizeof alloc);
-  _stash_format_size((size_t)(r - a), cached, sizeof cached);
-  _stash_format_size(largest_free_block(s), largest, sizeof largest);
-  allowed[0] = '\0';
-  if (h->has_limit) {
-    char lim[32];
-    _stash_format_size(h->allowed_max, lim, sizeof lim);
-    snprintf(allowed, sizeof allowed, " The memory fraction allows this heap %s.", lim);
-  }
-  char dev[128];
-  if (have_info)
-    snprintf(dev, sizeof dev, "Device %d has a total capacity of %s of which %s is free.",
-             h->device, tot, fre);
-  else
-    snprintf(dev, sizeof dev, "Device %d's free memory is unknown (mem_info failed).",
-             h->device);
-  return _stash_error(STASH_ERR_OOM,
-                      "out of memory: tried to allocate %s (%zu bytes requested; %s%s needed). "
-                      "%s%s Of its memory, this heap has %s allocated and %s reserved but "
-                      "unallocated; its largest free block is %s.",
-                      req, orig_size, p->expandable_active ? "pages for " : "a segment of ",
-                      p->expandable_active ? req : seg, dev, allowed, alloc, cached, largest);
+  char needed[48], size[32];
+  _stash_format_size(p->expandable_active ? orig_size : p->alloc_size, size, sizeof size);
+  snprintf(needed, sizeof needed, "%s%s", p->expandable_active ? "pages for " : "a segment of ",
+           size);
+  return _stash_report_oom(h, orig_size, p->stream, needed, largest_free_block(S(h)));
 }
 
 /* ---- The policy's entry points ------------------------------------------------------------ */
 
 static stash_status_t pt_alloc(stash_heap_t* h, size_t orig_size, void* stream, uint64_t* out) {
   pt_state* s = S(h);
-  if (orig_size >= kOneExaByte) {
-    h->stats.num_ooms++;
-    _stash_history_add(h, STASH_TRACE_OOM, 0, orig_size, stream);
-    char req[32];
-    _stash_format_size(orig_size, req, sizeof req);
-    return _stash_error(STASH_ERR_OOM,
-                        "out of memory: tried to allocate %s (%zu bytes), more than 1 EiB",
-                        req, orig_size);
-  }
   /* Everything that can fail for lack of host memory is reserved first. */
   if (_stash_ptrmap_reserve(&s->allocated, 1) != STASH_OK)
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
@@ -1113,11 +1074,7 @@ static stash_status_t pt_create(stash_heap_t* h) {
 static stash_status_t pt_destroy(stash_heap_t* h) {
   pt_state* s = S(h);
   stash_status_t first = STASH_OK;
-#define KEEP(x)                                          \
-  do {                                                   \
-    stash_status_t r_ = (x);                             \
-    if (r_ != STASH_OK && first == STASH_OK) first = r_; \
-  } while (0)
+#define KEEP(x) _STASH_KEEP_FIRST(first, x)
   KEEP(_stash_events_destroy(h, &s->events));
   KEEP(_stash_zombies_release(h, &S(h)->zombies));
   for (pt_seg* g = s->segs; g;) {

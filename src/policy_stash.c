@@ -50,7 +50,6 @@
                                               at most this, so that later ranges can reuse them
                                               whole */
 #define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation */
-#define kOneExaByte ((size_t)1 << 60)
 
 typedef struct sb_block_s sb_block;
 typedef struct sb_arena_s sb_arena;
@@ -898,48 +897,8 @@ static size_t largest_free(sb_state* s) {
   return best;
 }
 
-static stash_status_t report_oom(stash_heap_t* h, size_t orig) {
-  h->stats.num_ooms++;
-  size_t dev_free = 0, dev_total = 0;
-  bool info = PCALL(h, mem_info, h->device, &dev_free, &dev_total) == STASH_OK;
-  _stash_history_add(h, STASH_TRACE_OOM, dev_free, orig, NULL); /* PyTorch: device_free */
-  char req[32], tot[32], fre[32], al[32], cached[32], largest[32], allowed[96] = "";
-  _stash_format_size(orig, req, sizeof req);
-  _stash_format_size(dev_total, tot, sizeof tot);
-  _stash_format_size(dev_free, fre, sizeof fre);
-  int64_t a = h->stats.allocated_bytes[STASH_STAT_ALL].current;
-  int64_t r = h->stats.reserved_bytes[STASH_STAT_ALL].current;
-  _stash_format_size((size_t)a, al, sizeof al);
-  _stash_format_size(r > a ? (size_t)(r - a) : 0, cached, sizeof cached);
-  _stash_format_size(largest_free(S(h)), largest, sizeof largest);
-  if (h->has_limit) {
-    char lim[32];
-    _stash_format_size(h->allowed_max, lim, sizeof lim);
-    snprintf(allowed, sizeof allowed, " The memory fraction allows this heap %s.", lim);
-  }
-  char dev[128];
-  if (info)
-    snprintf(dev, sizeof dev, "Device %d has a total capacity of %s of which %s is free.",
-             h->device, tot, fre);
-  else
-    snprintf(dev, sizeof dev, "Device %d's free memory is unknown (mem_info failed).", h->device);
-  return _stash_error(STASH_ERR_OOM,
-                      "out of memory: tried to allocate %s (%zu bytes requested). %s%s Of its "
-                      "memory, this heap has %s allocated and %s reserved but unallocated; its "
-                      "largest free block is %s.",
-                      req, orig, dev, allowed, al, cached, largest);
-}
-
 static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint64_t* out) {
   sb_state* s = S(h);
-  if (orig >= kOneExaByte) {
-    h->stats.num_ooms++;
-    _stash_history_add(h, STASH_TRACE_OOM, 0, orig, stream);
-    char req[32];
-    _stash_format_size(orig, req, sizeof req);
-    return _stash_error(STASH_ERR_OOM, "out of memory: tried to allocate %s (%zu bytes), more "
-                        "than 1 EiB", req, orig);
-  }
   if (_stash_ptrmap_reserve(&s->allocated, 1) != STASH_OK)
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   stash_status_t st = _stash_events_poll(h, &s->events, false, event_done);
@@ -956,7 +915,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     h->stats.num_alloc_retries++;
     st = release_cache(h);
     if (st == STASH_OK) st = try_alloc(h, size, slot, &b);
-    if (st == STASH_ERR_OOM) return report_oom(h, orig);
+    if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   }
   if (st != STASH_OK) return st;
   b->requested = orig;
@@ -1123,11 +1082,7 @@ static stash_status_t sb_create(stash_heap_t* h) {
 static stash_status_t sb_destroy(stash_heap_t* h) {
   sb_state* s = S(h);
   stash_status_t first = STASH_OK;
-#define KEEP(x)                                          \
-  do {                                                   \
-    stash_status_t r_ = (x);                             \
-    if (r_ != STASH_OK && first == STASH_OK) first = r_; \
-  } while (0)
+#define KEEP(x) _STASH_KEEP_FIRST(first, x)
   KEEP(_stash_events_destroy(h, &s->events));
   KEEP(_stash_zombies_release(h, &S(h)->zombies));
   _stash_zombies_free(&s->zombies);
