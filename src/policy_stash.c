@@ -259,7 +259,7 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
                        sb_block* post) {
   free_remove(s, b);
   uint64_t end = b->ptr + b->size;
-  if (at > b->ptr) {
+  if (at > b->ptr && pre) { /* callers pass `pre` whenever at > b->ptr */
     *pre = *b;
     memset(&pre->snode, 0, sizeof pre->snode);
     memset(&pre->anode, 0, sizeof pre->anode);
@@ -275,7 +275,7 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
   } else if (pre) {
     block_delete(s, pre);
   }
-  if (at + size < end) {
+  if (at + size < end && post) { /* likewise `post` whenever the carve ends early */
     *post = *b;
     memset(&post->snode, 0, sizeof post->snode);
     memset(&post->anode, 0, sizeof post->anode);
