@@ -9,15 +9,22 @@
  * reusable by A, and by other streams once an event recorded on A after the free has
  * completed (a "tag" and an epoch per stream; no event at all with one stream).
  *
- * When nothing fits, an arena grows at its end: one new physical allocation, mapped and
- * made accessible, of at least 8 MiB (small arena) or 20 MiB (large). But a large request
- * (>= 256 MiB) that fits nowhere is *stitched* instead: a fresh virtual range mapped onto
- * physical allocations of the large arena that are wholly free right now - in holes, the
- * largest hole first, then at the arena's free end - and, for what is still missing, new
- * allocations of at most 64 MiB each, appended to the arena. (The driver maps whole
- * physical allocations only, never a part: tools/gpu/probe_map.txt. Small new pieces are
- * what lets later stitched ranges find whole free allocations in the holes that blocks
- * leave.) Those allocations are mapped a second time, at the stitched range, and lent to
+ * When nothing fits, an arena grows at its end: new physical memory, mapped and made
+ * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Each physical allocation
+ * costs one cuMemSetAccess piece (~19 us: docs/driver-costs.md), so the large arena grows in
+ * allocations of up to 192 MiB, and a growth that comes within 20 allocations of the last
+ * one (a model's forward pass saving activations) takes twice the last one's size, up to
+ * 192 MiB: fewer, larger pieces while memory climbs, the exact need otherwise.
+ *
+ * A large request (>= 256 MiB) that fits nowhere is *stitched* instead when the holes can
+ * give at least a tenth of it: a fresh virtual range mapped onto physical allocations of
+ * the large arena that are wholly free right now - in holes, the largest hole first, then
+ * at the arena's free end - and, for what is still missing, new allocations of at most
+ * 40 MiB each, appended to the arena. (The driver maps whole physical allocations only,
+ * never a part: tools/gpu/probe_map.txt. Small new pieces are what lets later stitched
+ * ranges find whole free allocations in the holes that blocks leave.) With less in the
+ * holes, the arena grows instead: a stitched range made mostly of new memory would map it
+ * twice for nothing. Those allocations are mapped a second time, at the stitched range, and lent to
  * it: while the stitched block lives, its pages are carved out of the arena as "phantom"
  * blocks, so the arena cannot hand them out twice; when it is freed they return to the
  * arena. Stitched ranges stay mapped and serve later requests of a similar size (at most
@@ -45,10 +52,17 @@
 #define kSmallLimit ((size_t)1 << 20)    /* requests up to this go to the small arena */
 #define kSmallGrowBytes ((size_t)8 << 20)  /* the small arena grows by at least this */
 #define kLargeGrowBytes ((size_t)20 << 20) /* the large arena grows by at least this */
-#define kStitchMin ((size_t)256 << 20)     /* requests this large may be stitched */
-#define kStitchPiece ((size_t)64 << 20)    /* new memory for a stitched range: allocations of
-                                              at most this, so that later ranges can reuse them
-                                              whole */
+#define kLargePieceMax ((size_t)192 << 20) /* the large arena's new memory comes in physical
+                                              allocations of at most this (fewer pieces cost
+                                              fewer cuMemSetAccess calls; smaller ones are
+                                              more often wholly free, for stitching) */
+#define kBurstAllocs 20                     /* a growth this few allocations after the last */
+#define kBurstMax ((size_t)192 << 20)       /* doubles the last one's size, up to this */
+#define kStitchMin ((size_t)256 << 20)      /* requests this large may be stitched */
+#define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them */
+#define kStitchPiece ((size_t)40 << 20)     /* new memory for a stitched range: allocations of
+                                               at most this, so that later ranges can reuse
+                                               them whole */
 #define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation */
 
 typedef struct sb_block_s sb_block;
@@ -101,6 +115,8 @@ struct sb_arena_s {
   sb_block* first;
   sb_block* last;
   size_t grow_bytes;
+  size_t last_grow_pages;      /* the last growth (not for a stitched range) ... */
+  uint64_t allocs_at_last_grow; /* ... and sb_state.nallocs then */
 };
 
 struct sb_stitch_s {
@@ -132,6 +148,7 @@ typedef struct sb_state_s {
   slab_t block_slab;
   ptrmap_t allocated;  /* address -> user block (live) */
   stash_events_t events;
+  uint64_t nallocs;    /* allocation requests so far */
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
@@ -434,8 +451,15 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
   size_t step = exact ? 0 : a->grow_bytes / G;
+  if (!exact && !a->small && a->last_grow_pages &&
+      s->nallocs - a->allocs_at_last_grow <= kBurstAllocs) {
+    size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
+    if (burst > kBurstMax / G) burst = kBurstMax / G;
+    if (burst > step) step = burst;
+  }
   size_t pages = need_pages > step ? need_pages : step;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;
+  if (a->mapped + pages * G > a->va_size) pages = need_pages; /* the step is a wish */
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) return STASH_ERR_OOM;
   if (a->mapped + pages * G > a->va_size)
     return _stash_error(STASH_ERR_OOM, "arena address range exhausted");
@@ -483,6 +507,10 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     goto undo;
   }
 keep:
+  if (!exact && !dead) {
+    a->last_grow_pages = pages;
+    a->allocs_at_last_grow = s->nallocs;
+  }
   a->nhandles += k;
   a->mapped += pages * G;
   h->total_reserved += pages * G;
@@ -747,12 +775,10 @@ static void take_whole_handles(stash_heap_t* h, const sb_block* b, size_t n, uin
   }
 }
 
-/* Choose the pages of a new stitched range of n pages: whole free physical allocations of
- * the large arena - in holes, largest hole first, then at its free end - and, for the
- * rest, one new allocation of exactly the pages still missing. */
-static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, uint32_t* homes) {
-  sb_state* s = S(h);
-  sb_arena* a = &s->arenas[1];
+/* The pages of whole free physical allocations in the large arena's holes (not its free
+ * end), largest hole first, into homes: at most n; returns how many. */
+static size_t stitch_from_holes(stash_heap_t* h, uint32_t slot, size_t n, uint32_t* homes) {
+  sb_arena* a = &S(h)->arenas[1];
   size_t got = 0;
   bs_node_t* it[2] = {_stash_bs_last(&a->by_size[0]),
                       slot ? _stash_bs_last(&a->by_size[slot]) : NULL};
@@ -763,6 +789,16 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, uint
     if (b->size < kStitchMinRun) break; /* the rest are smaller */
     if (b != a->last) take_whole_handles(h, b, n, homes, &got);
   }
+  return got;
+}
+
+/* Complete the pages of a new stitched range of n pages, homes[0, got) taken from the holes:
+ * whole free allocations at the large arena's free end, then new allocations for the rest;
+ * then sort them. */
+static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size_t got,
+                                  uint32_t* homes) {
+  sb_state* s = S(h);
+  sb_arena* a = &s->arenas[1];
   sb_block* t = a->last;
   if (got < n && t && t->kind == K_FREE && tag_ok(t, slot)) take_whole_handles(h, t, n, homes, &got);
   if (got < n) {
@@ -785,7 +821,7 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, uint
 }
 
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
- * free, else a new one. */
+ * free, else a new one if the holes give enough of it; else *out = NULL: grow the arena. */
 static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
                                    sb_stitch** out) {
   sb_state* s = S(h);
@@ -809,6 +845,13 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     free(homes);
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   }
+  size_t got = stitch_from_holes(h, slot, n, homes);
+  if (got < (n + kStitchHoleShare - 1) / kStitchHoleShare) {
+    free(homes);
+    free(st);
+    *out = NULL;
+    return STASH_OK;
+  }
   st->homes = homes;
   st->npages = n;
   st->page = G;
@@ -819,7 +862,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     r = va_reserve(h, span, &s->stitch_va);
     if (r == STASH_OK) s->stitch_va_end = s->stitch_va + span;
   }
-  if (r == STASH_OK) r = stitch_pick(h, slot, n, homes);
+  if (r == STASH_OK) r = stitch_pick(h, slot, n, got, homes);
   if (r == STASH_OK) {
     st->va = s->stitch_va;
     s->stitch_va += n * G + G; /* taken even if mapping fails: a failed unmap may hold it */
@@ -858,10 +901,9 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
     stash_status_t r = stitch_alloc(h, size, slot, &st);
-    if (r != STASH_OK) {
-      block_delete(s, ub);
-      return r;
-    }
+    if (r != STASH_OK || !st) block_delete(s, ub);
+    if (r != STASH_OK) return r;
+    if (!st) goto grow;
     ub->kind = K_USER;
     ub->ptr = st->va;
     ub->size = size;
@@ -870,9 +912,11 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     *out = ub;
     return STASH_OK;
   }
+grow:
   if (!b) {
     size_t tail = free_tail(a, slot);
-    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false, SIZE_MAX);
+    stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false,
+                                  a->small ? SIZE_MAX : kLargePieceMax);
     if (r != STASH_OK) return r;
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
@@ -910,6 +954,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   if (st != STASH_OK) return st;
   size_t size = orig < kMinBlock ? kMinBlock : round_up(orig, kMinBlock);
   sb_block* b = NULL;
+  s->nallocs++;
   st = try_alloc(h, size, slot, &b);
   if (st == STASH_ERR_OOM) {
     h->stats.num_alloc_retries++;

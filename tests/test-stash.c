@@ -333,15 +333,22 @@ static bool phys_overlap(fixture_t* f, void* a, size_t na, void* b, size_t nb) {
   return false;
 }
 
+/* Enough small requests that the next growth of the large arena is not part of a burst. */
+static void quiet(fixture_t* f, void* s) {
+  for (int i = 0; i < 21; i++) fx_free(f, fx_alloc(f, 1000, s));
+}
+
 /* Layout of the large arena: [A 100 MiB][B 30][C 100][D 4 + 16 free], one physical
- * allocation per growth. */
+ * allocation per growth (growths apart: no burst). */
 static void layout(fixture_t* f, void* p[4], void* s) {
-  p[0] = fx_alloc(f, 100 * MiB, s);
-  p[1] = fx_alloc(f, 30 * MiB, s);
-  p[2] = fx_alloc(f, 100 * MiB, s);
-  p[3] = fx_alloc(f, 4 * MiB, s);
+  static const size_t mib[4] = {100, 30, 100, 4};
+  for (int i = 0; i < 4; i++) {
+    quiet(f, s);
+    p[i] = fx_alloc(f, mib[i] * MiB, s);
+  }
   CHECK_EQ(STAT(f, segment, LARGE, current), 4);
   CHECK_EQ(STAT(f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
+  quiet(f, s);
 }
 
 TEST(stitching_takes_whole_free_allocations_of_holes) {
@@ -356,8 +363,8 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
   uint64_t calls = memory_calls(&f);
   void* x = fx_alloc(&f, 300 * MiB, S1); /* fits nowhere: stitched from A's and 200 new */
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
-  /* the new 200 MiB come in pieces of at most 64 MiB: 64 + 64 + 64 + 8 */
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 4 + 4);
+  /* the new 200 MiB come in pieces of at most 40 MiB */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 4 + 5);
   find_t q = find(&f, x);
   CHECK_EQ(q.state, STASH_BLOCK_ALLOCATED);
   CHECK(q.in_stitched); /* at an address of its own */
@@ -391,15 +398,77 @@ TEST(stitching_never_maps_part_of_an_allocation) {
   void* p[4];
   layout(&f, p, S1);
   fx_free(&f, p[0]);
+  fx_free(&f, p[2]);
   void* a1 = fx_alloc(&f, 50 * MiB, S1); /* A's allocation is half used: not whole */
   CHECK_EQ(U(a1), U(p[0]));
-  void* x = fx_alloc(&f, 300 * MiB, S1); /* all of it new memory */
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 550 * (int64_t)MiB);
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* C's 100 MiB, whole, and 200 new */
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
+  CHECK(phys_overlap(&f, x, 300 * MiB, p[2], 100 * MiB));
   CHECK(!phys_overlap(&f, x, 300 * MiB, a1, 50 * MiB));
   CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB)); /* not even A's free half */
   fx_free(&f, x);
   fx_free(&f, a1);
-  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
+  fx_close(&f);
+}
+
+TEST(little_in_the_holes_grows_the_arena_instead) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  fx_free(&f, p[1]); /* a 30 MiB hole, one whole allocation: 7.5% of 400 MiB */
+  void* x = fx_alloc(&f, 400 * MiB, S1);
+  CHECK(!find(&f, x).in_stitched); /* in the arena, after D, which it continues */
+  CHECK_EQ(U(x), U(p[3]) + 4 * MiB);
+  /* D's 16 free MiB and 384 new, in allocations of at most 192 MiB */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 634 * (int64_t)MiB);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 4 + 2);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), 1 + 4 + 2); /* with the small arena */
+  quiet(&f, S1);
+  void* y = fx_alloc(&f, 300 * MiB, S1); /* 10% of 300 MiB: stitched, B's hole in it */
+  CHECK(find(&f, y).in_stitched);
+  CHECK(phys_overlap(&f, y, 300 * MiB, p[1], 30 * MiB));
+  fx_free(&f, y);
+  fx_free(&f, x);
+  fx_free(&f, p[0]);
+  fx_free(&f, p[2]);
+  fx_free(&f, p[3]);
+  fx_close(&f);
+}
+
+TEST(growth_in_a_burst_takes_larger_steps) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  /* 25 MiB requests one after another, each needing new memory: the growths double (26, 52,
+   * 104 MiB) up to 192 MiB a growth, then stay there */
+  void* v[40];
+  int64_t grown[8] = {0};
+  int ngrown = 0;
+  for (int i = 0; i < 40; i++) {
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    v[i] = fx_alloc(&f, 25 * MiB, S1);
+    int64_t after = STAT(&f, reserved_bytes, LARGE, current);
+    if (after > before && ngrown < 8) grown[ngrown++] = (after - before) / (int64_t)MiB;
+  }
+  CHECK_EQ(ngrown, 8);
+  CHECK_EQ(grown[0], 26);
+  CHECK_EQ(grown[1], 52);
+  CHECK_EQ(grown[2], 104);
+  CHECK_EQ(grown[3], 192);
+  CHECK_EQ(grown[4], 192);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), ngrown); /* one allocation each */
+  /* after a quiet spell, the next growth is the exact need again */
+  for (int i = 39; i >= 30; i--) fx_free(&f, v[i]);
+  quiet(&f, S1);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  int64_t tail = before - (int64_t)(30 * 25 * MiB);
+  void* w = fx_alloc(&f, (size_t)tail + 10 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 20 * (int64_t)MiB); /* the 20 MiB minimum */
+  fx_free(&f, w);
+  for (int i = 0; i < 30; i++) fx_free(&f, v[i]);
   fx_close(&f);
 }
 
@@ -408,9 +477,15 @@ TEST(stitching_respects_streams) {
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* p[4];
   layout(&f, p, S1);
-  fx_free(&f, p[0]); /* S1's until an event on S1 completes */
-  void* x = fx_alloc(&f, 300 * MiB, S2); /* cannot take A's memory */
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 550 * (int64_t)MiB);
+  fx_free(&f, p[2]); /* C: S1's until an event on S1 completes ... */
+  fx_free(&f, fx_alloc(&f, 1000, S2)); /* (S2 allocates: an event on S1 closes S1's epoch) */
+  stash_sim_complete(f.sim, S1);
+  fx_free(&f, fx_alloc(&f, 1000, S2)); /* ... which has completed: C is any stream's */
+  fx_free(&f, p[0]); /* A: S1's for now */
+  void* x = fx_alloc(&f, 300 * MiB, S2); /* stitched from C and 200 new, not from A */
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
+  CHECK(phys_overlap(&f, x, 300 * MiB, p[2], 100 * MiB));
   CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB));
   /* freed on S2 with a use on S1 recorded: pending, its memory still lent */
   CHECK_OK(stash_heap_record_stream(f.heap, x, S1));
@@ -429,7 +504,8 @@ TEST(stitching_respects_streams) {
   CHECK(phys_overlap(&f, x, 300 * MiB, y, 300 * MiB));
   fx_free(&f, y);
   fx_free(&f, t);
-  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
   fx_close(&f);
 }
 
@@ -497,6 +573,8 @@ int main(void) {
   RUN(memory_fraction_limits_reserved);
   RUN(stitching_takes_whole_free_allocations_of_holes);
   RUN(stitching_never_maps_part_of_an_allocation);
+  RUN(little_in_the_holes_grows_the_arena_instead);
+  RUN(growth_in_a_burst_takes_larger_steps);
   RUN(stitching_respects_streams);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
