@@ -3,6 +3,11 @@
 losses, peak reserved bytes, step times. Run once per setting, each in a fresh process.
 
   train_compare.py --model resnet50|gpt2 --alloc pytorch|stash --conf CONF [--steps 20]
+                   [--batch N] [--record SNAPSHOT.pickle]
+
+--record (with --alloc pytorch): record every allocation from the first one on
+(torch.cuda.memory._record_memory_history) and dump PyTorch's snapshot at the end: a trace
+for stash-replay. --batch: another batch size than the shared traces' (128 / 8).
 
 --alloc pytorch: PyTorch's own allocator, CONF (without "policy:pytorch") in
 PYTORCH_CUDA_ALLOC_CONF. --alloc stash: stash.torch.install(CONF) before any CUDA memory.
@@ -27,6 +32,8 @@ ap.add_argument("--model", required=True, choices=["resnet50", "gpt2"])
 ap.add_argument("--alloc", required=True, choices=["pytorch", "stash"])
 ap.add_argument("--conf", default="")
 ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--batch", type=int, default=0)
+ap.add_argument("--record", default="")
 args = ap.parse_args()
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -44,6 +51,8 @@ import torch.nn.functional as F  # noqa: E402
 if args.alloc == "stash":
     import stash  # noqa: E402
     stash.torch.install(args.conf or None)
+elif args.record:
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=4_000_000)
 
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True, warn_only=True)
@@ -135,7 +144,8 @@ g = torch.Generator().manual_seed(1)
 if args.model == "resnet50":
     model = ResNet50().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    batches = [(torch.randn(128, 3, 224, 224, generator=g), torch.randint(0, 1000, (128,), generator=g))
+    n = args.batch or 128
+    batches = [(torch.randn(n, 3, 224, 224, generator=g), torch.randint(0, 1000, (n,), generator=g))
                for _ in range(2)]
     # Pinned, as a DataLoader with pin_memory=True gives them: a copy from pageable memory
     # (77 MB a step here) varies by several ms from run to run and would hide a 2% difference.
@@ -143,7 +153,7 @@ if args.model == "resnet50":
 else:
     model = GPT2().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    batches = [(torch.randint(0, 50257, (8, 1024), generator=g),) for _ in range(2)]
+    batches = [(torch.randint(0, 50257, (args.batch or 8, 1024), generator=g),) for _ in range(2)]
 
 losses, times, gpu_times = [], [], []
 ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -166,13 +176,15 @@ for step in range(args.steps):
     times.append(time.perf_counter() - t0)
     gpu_times.append(ev0.elapsed_time(ev1))
 
+if args.record:
+    torch.cuda.memory._dump_snapshot(args.record)
 if args.alloc == "stash":
     reserved = stash.max_memory_reserved(0)
     allocated = stash.max_memory_allocated(0)
 else:
     reserved = torch.cuda.max_memory_reserved(0)
     allocated = torch.cuda.max_memory_allocated(0)
-print(json.dumps({"model": args.model, "alloc": args.alloc, "conf": args.conf, "losses": losses,
+print(json.dumps({"model": args.model, "alloc": args.alloc, "conf": args.conf, "batch": args.batch or None, "losses": losses,
                   "max_reserved": reserved, "max_allocated": allocated,
                   "median_step_ms": 1000 * statistics.median(times[5:]),
                   "median_gpu_ms": statistics.median(gpu_times[5:]),

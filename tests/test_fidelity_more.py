@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Fidelity on traces recorded after policy:pytorch was written: PyTorch memory snapshots of
+ResNet-50 (batch 64, 192) and GPT-2 small (batch 4, 12), 8 training steps on an H200 under
+PyTorch 2.11's own allocator (tools/gpu/run_record_gpu.sh). Replayed under policy:pytorch,
+each must give exactly the max_memory_reserved() and max_memory_allocated() that the
+training run itself reported (data/traces/more/runs.jsonl).
+
+  test_fidelity_more.py STASH_REPLAY DATA_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+
+def main():
+    replay, data = sys.argv[1], sys.argv[2]
+    more = os.path.join(data, "traces", "more")
+    failures = rows = 0
+    for line in open(os.path.join(more, "runs.jsonl")):
+        run = json.loads(line)
+        path = os.path.join(more, "%s_b%d.snapshot.pickle.gz" % (run["model"], run["batch"]))
+        p = subprocess.run([replay, "--json", "--conf", "policy:pytorch", path],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print("%s: stash-replay failed (%d): %s" % (path, p.returncode, p.stderr.strip()))
+            failures += 1
+            continue
+        g = json.loads(p.stdout.splitlines()[0])
+        rows += 1
+        diffs = [(k, g[k], run[w]) for k, w in (("peak_reserved_bytes", "max_reserved"),
+                                                 ("peak_allocated_bytes", "max_allocated"))
+                 if g[k] != run[w]]
+        print("%-34s %s" % (os.path.basename(path), "exact: reserved %d, allocated %d" % (
+            g["peak_reserved_bytes"], g["peak_allocated_bytes"]) if not diffs else
+            "DIFFERS " + ", ".join("%s %d (PyTorch %d)" % d for d in diffs)))
+        failures += bool(diffs)
+    print("%d traces, %d differ" % (rows, failures))
+    return 1 if failures or rows == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
