@@ -114,11 +114,27 @@ STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 
-STASH_HIDDEN void _stash_stat_inc(stash_stat_t* s, int64_t n);
-STASH_HIDDEN void _stash_stat_dec(stash_stat_t* s, int64_t n);
+/* PyTorch's Stat.increase(n): current += n, peak = max(peak, current), allocated += n; and
+ * Stat.decrease(n): current -= n, freed += n. Inline: every allocation and free updates
+ * several. */
+static inline void _stash_stat_inc(stash_stat_t* s, int64_t n) {
+  s->current += n;
+  if (s->current > s->peak) s->peak = s->current;
+  s->allocated += n;
+}
+static inline void _stash_stat_dec(stash_stat_t* s, int64_t n) {
+  s->current -= n;
+  s->freed += n;
+}
 /* Update "all" and the pool's entry of a stat array. */
-STASH_HIDDEN void _stash_stat_array_inc(stash_stat_t* a, bool small, int64_t n);
-STASH_HIDDEN void _stash_stat_array_dec(stash_stat_t* a, bool small, int64_t n);
+static inline void _stash_stat_array_inc(stash_stat_t* a, bool small, int64_t n) {
+  _stash_stat_inc(&a[STASH_STAT_ALL], n);
+  _stash_stat_inc(&a[small ? STASH_STAT_SMALL : STASH_STAT_LARGE], n);
+}
+static inline void _stash_stat_array_dec(stash_stat_t* a, bool small, int64_t n) {
+  _stash_stat_dec(&a[STASH_STAT_ALL], n);
+  _stash_stat_dec(&a[small ? STASH_STAT_SMALL : STASH_STAT_LARGE], n);
+}
 STASH_HIDDEN void _stash_stats_reset_peak(stash_stats_t* s);
 STASH_HIDDEN void _stash_stats_reset_accumulated(stash_stats_t* s);
 

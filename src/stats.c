@@ -12,27 +12,6 @@
 
 #include "internal.h"
 
-void _stash_stat_inc(stash_stat_t* s, int64_t n) {
-  s->current += n;
-  if (s->current > s->peak) s->peak = s->current;
-  s->allocated += n;
-}
-
-void _stash_stat_dec(stash_stat_t* s, int64_t n) {
-  s->current -= n;
-  s->freed += n;
-}
-
-void _stash_stat_array_inc(stash_stat_t* a, bool small, int64_t n) {
-  _stash_stat_inc(&a[STASH_STAT_ALL], n);
-  _stash_stat_inc(&a[small ? STASH_STAT_SMALL : STASH_STAT_LARGE], n);
-}
-
-void _stash_stat_array_dec(stash_stat_t* a, bool small, int64_t n) {
-  _stash_stat_dec(&a[STASH_STAT_ALL], n);
-  _stash_stat_dec(&a[small ? STASH_STAT_SMALL : STASH_STAT_LARGE], n);
-}
-
 void _stash_stats_reset_peak(stash_stats_t* s) {
   for (int t = 0; t < STASH_STAT_NTYPES; t++) {
 #define STASH_X_(name, doc) s->name[t].peak = s->name[t].current;
