@@ -7,7 +7,9 @@
  * lowest address) and is split off its front at 512-byte granularity; freed blocks merge
  * with free neighbours. Every stream shares the arenas: a block freed on stream A is at once
  * reusable by A, and by other streams once an event recorded on A after the free has
- * completed (a "tag" and an epoch per stream; no event at all with one stream).
+ * completed (a "tag" and an epoch per stream; no event at all with one stream). With one
+ * stream, up to 1 MiB of freed small blocks wait, unmerged, for a request of exactly their
+ * size: the fast path (K_CACHED below).
  *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
  * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Each physical allocation
@@ -70,8 +72,15 @@ typedef struct sb_arena_s sb_arena;
 typedef struct sb_stitch_s sb_stitch;
 
 /* K_DEAD: mapped memory the driver refused access to (set_access failed and the mapping
- * could not be undone): held, never handed out, retried by empty_cache. */
-enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3 };
+ * could not be undone): held, never handed out, retried by empty_cache.
+ * K_CACHED: a freed block of the small arena kept out of the free sets for the next request
+ * of exactly its size (the fast path: no search, no split, no merge), up to 1 MiB in all;
+ * merged into the arena ("flushed") before the small arena would grow, by empty_cache, and
+ * for good once a second stream appears (only a single stream's blocks are cached). */
+enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3, K_CACHED = 4 };
+#define kCacheSizes (kSmallLimit / kMinBlock) /* the small arena's 2048 block sizes */
+#define kCacheMaxBytes ((size_t)1 << 20)      /* cached at most; more would hide free memory
+                                                 from best fit and grow the small arena */
 
 
 struct sb_block_s {
@@ -149,6 +158,9 @@ typedef struct sb_state_s {
   ptrmap_t allocated;  /* address -> user block (live) */
   stash_events_t events;
   uint64_t nallocs;    /* allocation requests so far */
+  sb_block* cache[kCacheSizes]; /* [size / 512 - 1]: K_CACHED blocks, linked by tnext */
+  size_t ncached;
+  size_t cached_bytes;
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
@@ -252,6 +264,23 @@ static void free_coalesce(sb_state* s, sb_block* b) {
   free_insert(s, b);
 }
 
+/* Merge every cached block into its arena. */
+static void cache_flush(sb_state* s) {
+  if (!s->ncached) return;
+  for (size_t i = 0; i < kCacheSizes; i++) {
+    for (sb_block* b = s->cache[i]; b;) {
+      sb_block* next = b->tnext;
+      b->tnext = NULL;
+      b->kind = K_FREE;
+      free_coalesce(s, b); /* keeps b; merges only K_FREE neighbours */
+      b = next;
+    }
+    s->cache[i] = NULL;
+  }
+  s->ncached = 0;
+  s->cached_bytes = 0;
+}
+
 /* The free block containing [addr, addr + size), or NULL. */
 static sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size) {
   bs_node_t* x = a->by_addr.root;
@@ -336,6 +365,7 @@ static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) 
   }
   s->streams[k] = (sb_stream){.stream = stream, .epoch_next = 1};
   s->nstreams = k;
+  if (k > 1) cache_flush(s); /* a second stream: its blocks go by the tags' rules only */
   *out = (uint32_t)k;
   return STASH_OK;
 }
@@ -896,6 +926,10 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
   sb_block* b = best_fit(a, size, slot);
+  if (!b && a->small && s->ncached) { /* merge the cached blocks before growing */
+    cache_flush(s);
+    b = best_fit(a, size, slot);
+  }
   if (!b && !a->small && size >= kStitchMin) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
@@ -955,6 +989,20 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   size_t size = orig < kMinBlock ? kMinBlock : round_up(orig, kMinBlock);
   sb_block* b = NULL;
   s->nallocs++;
+  if (size <= kSmallLimit && s->ncached) { /* the fast path: a cached block of this size */
+    sb_block** head = &s->cache[size / kMinBlock - 1];
+    if (*head && tag_ok(*head, slot)) {
+      b = *head;
+      *head = b->tnext;
+      s->ncached--;
+      s->cached_bytes -= b->size;
+      b->tnext = NULL;
+      b->kind = K_USER;
+      b->tag = 0;
+      b->epoch = 0;
+      goto got;
+    }
+  }
   st = try_alloc(h, size, slot, &b);
   if (st == STASH_ERR_OOM) {
     h->stats.num_alloc_retries++;
@@ -963,6 +1011,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   }
   if (st != STASH_OK) return st;
+got:
   b->requested = orig;
   b->stream = stream;
   b->allocated = true;
@@ -1001,7 +1050,6 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
     block_delete(s, b);
     return;
   }
-  b->kind = K_FREE;
   b->allocated = false;
   b->requested = 0;
   b->tag = slot;
@@ -1009,6 +1057,17 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   free(b->uses);
   b->uses = NULL;
   b->nuses = b->cap_uses = 0;
+  if (b->arena->small && s->nstreams <= 1 && s->cached_bytes + b->size <= kCacheMaxBytes) {
+    /* kept for the next request of its size */
+    sb_block** head = &s->cache[b->size / kMinBlock - 1];
+    b->kind = K_CACHED;
+    b->tnext = *head;
+    *head = b;
+    s->ncached++;
+    s->cached_bytes += b->size;
+    return;
+  }
+  b->kind = K_FREE;
   free_coalesce(s, b);
 }
 
@@ -1061,6 +1120,7 @@ static stash_status_t sb_record_stream(stash_heap_t* h, uint64_t ptr, void* stre
 static stash_status_t release_cache(stash_heap_t* h) {
   sb_state* s = S(h);
   h->stats.num_sync_all_streams++;
+  cache_flush(s);
   stash_status_t st = _stash_events_poll(h, &s->events, true, event_done);
   if (st != STASH_OK) return st;
   /* Blocks still tagged were freed on their stream after its last completed epoch: wait
@@ -1164,7 +1224,7 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
 /* ---- Introspection -------------------------------------------------------------------------- */
 
 static stash_block_state_t state_of(const sb_block* b) {
-  if (b->kind == K_FREE) return STASH_BLOCK_FREE;
+  if (b->kind == K_FREE || b->kind == K_CACHED) return STASH_BLOCK_FREE;
   if (b->kind == K_PHANTOM) return STASH_BLOCK_LENT;
   if (b->kind == K_DEAD) return STASH_BLOCK_UNMAPPED; /* no usable memory behind it */
   return b->allocated ? STASH_BLOCK_ALLOCATED : STASH_BLOCK_PENDING_FREE;
@@ -1257,7 +1317,16 @@ static stash_status_t sb_check(stash_heap_t* h) {
   sb_state* s = S(h);
   int64_t alloc_n[3] = {0}, alloc_b[3] = {0}, active_n[3] = {0}, active_b[3] = {0};
   int64_t req_b[3] = {0}, seg_n[3] = {0}, res_b[3] = {0};
-  size_t live = 0, total = 0;
+  size_t live = 0, total = 0, ncached = 0;
+  for (size_t i = 0; i < kCacheSizes; i++) {
+    for (sb_block* b = s->cache[i]; b; b = b->tnext) {
+      if (b->kind != K_CACHED || b->size != (i + 1) * kMinBlock || !b->arena || !b->arena->small)
+        FAIL("a bad block in the cache of %zu-byte blocks", (i + 1) * kMinBlock);
+      if (++ncached > s->ncached) FAIL("the cache holds more blocks than it counts");
+    }
+  }
+  if (ncached != s->ncached) FAIL("the cache counts %zu blocks, holds %zu", s->ncached, ncached);
+  if (ncached && s->nstreams > 1) FAIL("blocks cached with several streams");
   for (int i = 0; i < 2; i++) {
     sb_arena* a = &s->arenas[i];
     int t = a->small ? STASH_STAT_SMALL : STASH_STAT_LARGE;
@@ -1288,8 +1357,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
         if (free_containing(a, b->ptr, b->size) != b) FAIL("a free block is not in the address tree");
         if (b->prev && b->prev->kind == K_FREE && tags_merge(b->tag, b->prev->tag))
           FAIL("free neighbours not merged at 0x%" PRIx64, b->ptr);
-      } else if (b->kind == K_DEAD) {
-        /* held, not usable: counted in reserved only */
+      } else if (b->kind == K_DEAD || b->kind == K_CACHED) {
+        /* dead: held, not usable, counted in reserved only; cached: checked above */
       } else if (b->kind == K_PHANTOM) {
         if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
       } else {

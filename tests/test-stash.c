@@ -186,6 +186,80 @@ TEST(one_stream_needs_no_event) {
   fx_close(&f);
 }
 
+/* ---- the fast path: freed small blocks cached for their exact size ----------------------- */
+
+TEST(fast_path_serves_the_same_size_from_the_cache) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* a = fx_alloc(&f, 4096, S1);
+  void* n = fx_alloc(&f, 8192, S1);
+  void* keep = fx_alloc(&f, 4096, S1); /* a and n are neighbours, with a live block after */
+  fx_free(&f, a);
+  fx_free(&f, n); /* both cached: free, but not merged into one 12 KiB block */
+  CHECK_EQ(find(&f, a).state, STASH_BLOCK_FREE);
+  CHECK_EQ(find(&f, a).size, 4096);
+  CHECK_EQ(find(&f, n).state, STASH_BLOCK_FREE);
+  CHECK_EQ(find(&f, n).size, 8192);
+  CHECK_OK(stash_heap_check(f.heap));
+  void* n2 = fx_alloc(&f, 8192, S1); /* n's block (merged, best fit would start at a) */
+  CHECK_EQ(U(n2), U(n));
+  void* a2 = fx_alloc(&f, 4096, S1);
+  CHECK_EQ(U(a2), U(a));
+  CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 4096 + 8192 + 4096);
+  CHECK_EQ(STAT(&f, active, SMALL, current), 3);
+  fx_free(&f, a2);
+  fx_free(&f, n2);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
+TEST(fast_path_caches_at_most_1_MiB_and_merges_before_growing) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* b[16]; /* the small arena's first 8 MiB, full */
+  for (int i = 0; i < 16; i++) b[i] = fx_alloc(&f, 512 * KiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 8 * MiB);
+  for (int i = 0; i < 3; i++) fx_free(&f, b[i]); /* b0, b1 cached (1 MiB); b2 is not */
+  void* x = fx_alloc(&f, 512 * KiB, S1);
+  CHECK_EQ(U(x), U(b[1])); /* the last one cached; not b2, which the cache had no room for */
+  fx_free(&f, x);
+  uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
+  void* y = fx_alloc(&f, MiB, S1); /* no free block fits: the cache is merged, and then b0-b2 do */
+  CHECK_EQ(U(y), U(b[0]));
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 8 * MiB);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, y);
+  for (int i = 3; i < 16; i++) fx_free(&f, b[i]);
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* cached blocks too are given back */
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 0);
+  fx_close(&f);
+}
+
+TEST(fast_path_ends_with_a_second_stream) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = fx_alloc(&f, 4096, S1);
+  void* a = fx_alloc(&f, 4096, S1);
+  void* after = fx_alloc(&f, 4096, S1);
+  fx_free(&f, a); /* cached, S1's */
+  void* b = fx_alloc(&f, 4096, S2); /* S1's work may still use a: not a */
+  CHECK(U(b) != U(a));
+  CHECK_OK(stash_heap_check(f.heap)); /* the cache was merged when S2 came */
+  stash_sim_complete(f.sim, S1);
+  void* c = fx_alloc(&f, 4096, S2); /* the event on S1 completed: a serves S2 */
+  CHECK_EQ(U(c), U(a));
+  fx_free(&f, c);
+  void* d = fx_alloc(&f, 4096, S2); /* two streams: freed blocks are merged, none cached */
+  CHECK_EQ(U(d), U(a));
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, b);
+  fx_free(&f, d);
+  fx_free(&f, keep);
+  fx_free(&f, after);
+  fx_close(&f);
+}
+
 TEST(other_stream_waits_for_an_event) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -566,6 +640,9 @@ int main(void) {
   RUN(freed_neighbours_merge);
   RUN(growth_uses_the_free_end_first);
   RUN(one_stream_needs_no_event);
+  RUN(fast_path_serves_the_same_size_from_the_cache);
+  RUN(fast_path_caches_at_most_1_MiB_and_merges_before_growing);
+  RUN(fast_path_ends_with_a_second_stream);
   RUN(other_stream_waits_for_an_event);
   RUN(record_stream_holds_the_block);
   RUN(empty_cache_gives_back_the_free_ends);
