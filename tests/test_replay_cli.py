@@ -295,6 +295,14 @@ def test_table_output():
     for o in objs:
         check_eq(int(rows[o["conf"]].group(3)), o["peak_reserved_bytes"],
                  "table's peak reserved for %s" % o["conf"])
+        # ... and its other columns: dev+ dev- driver-ms late OOMs ns/event
+        cols = rows[o["conf"]].string.split()[-6:]
+        check_eq(int(cols[0]), o["device_allocs"], "table's dev+ for %s" % o["conf"])
+        check_eq(cols[2], "%.2f" % (o["modeled_driver_us"] / 1000.0),
+                 "table's driver ms for %s" % o["conf"])
+        check_eq(int(cols[3]), o["device_allocs_second_half"] + o["device_frees_second_half"],
+                 "table's late calls for %s" % o["conf"])
+        check_eq(int(cols[4]), o["ooms"], "table's OOMs for %s" % o["conf"])
 
 
 # ---- bad inputs --------------------------------------------------------------------------

@@ -135,20 +135,26 @@ static void print_table_header(const trace_t* t) {
   printf("\n%s: %zu events, %zu stream%s, peak live %llu bytes (%.2f GiB)\n", t->name,
          t->nevents, t->nstreams, t->nstreams == 1 ? "" : "s",
          (unsigned long long)t->peak_live, gib(t->peak_live));
-  printf("  %-44s %15s %9s %6s %9s %9s %7s %7s %5s %9s\n", "configuration", "peak reserved",
-         "GiB", "util", "wasted", "live GiB", "dev+", "dev-", "OOMs", "ns/event");
+  printf("  %-44s %15s %9s %6s %9s %9s %7s %7s %9s %6s %5s %9s\n", "configuration",
+         "peak reserved", "GiB", "util", "wasted", "live GiB", "dev+", "dev-", "driver ms",
+         "late", "OOMs", "ns/event");
 }
 
-static void print_table_row(const char* conf, const replay_result_t* r, bool best) {
+/* modeled: the driver time is the simulated device's model (not measured on a GPU). */
+static void print_table_row(const char* conf, const replay_result_t* r, bool best, bool modeled) {
   double util = r->peak_reserved_bytes ? 100.0 * (double)r->peak_live_bytes /
                                              (double)r->peak_reserved_bytes
                                        : 0.0;
   uint64_t wasted = r->peak_reserved_bytes > r->peak_live_bytes
                         ? r->peak_reserved_bytes - r->peak_live_bytes : 0;
-  printf("%c %-44s %15llu %9.2f %5.1f%% %9.2f %9.2f %7llu %7llu %5llu %9.0f\n", best ? '*' : ' ',
-         conf, (unsigned long long)r->peak_reserved_bytes, gib(r->peak_reserved_bytes), util,
-         gib(wasted), gib(r->peak_live_bytes), (unsigned long long)r->device_allocs,
-         (unsigned long long)r->device_frees, (unsigned long long)r->ooms, r->ns_per_event);
+  char driver[32] = "-";
+  if (modeled) snprintf(driver, sizeof driver, "%.2f", r->modeled_driver_us / 1000.0);
+  printf("%c %-44s %15llu %9.2f %5.1f%% %9.2f %9.2f %7llu %7llu %9s %6llu %5llu %9.0f\n",
+         best ? '*' : ' ', conf, (unsigned long long)r->peak_reserved_bytes,
+         gib(r->peak_reserved_bytes), util, gib(wasted), gib(r->peak_live_bytes),
+         (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees, driver,
+         (unsigned long long)(r->device_allocs_second_half + r->device_frees_second_half),
+         (unsigned long long)r->ooms, r->ns_per_event);
 }
 
 static void size_text(uint64_t b, char* out, size_t n) {
@@ -375,13 +381,14 @@ int main(int argc, char** argv) {
     if (!json) {
       print_table_header(&t);
       for (int c = 0; c < nconfs; c++) {
-        if (ok[c]) print_table_row(confs[c], &results[c], c == best);
+        if (ok[c]) print_table_row(confs[c], &results[c], c == best, !opts.cuda);
       }
       for (int c = 0; c < nconfs; c++) {
         if (ok[c]) print_capacity(confs[c], &results[c], opts.capacity);
       }
       printf("  (* least reserved; util = peak live / peak reserved; wasted = peak reserved - "
-             "peak live, GiB; dev+/dev- = device allocations/frees)\n");
+             "peak live, GiB; dev+/dev- = device allocations/frees; driver ms = the provider "
+             "calls' cost modelled on an H200; late = provider calls in the second half)\n");
     }
     if (html) html_trace(html, &t, confs, results, ok, nconfs, best);
     for (int c = 0; c < nconfs; c++) replay_result_free(&results[c]);
