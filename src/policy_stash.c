@@ -14,7 +14,7 @@
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
  * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Each physical allocation
  * costs one cuMemSetAccess piece (~19 us: docs/driver-costs.md), so the large arena grows in
- * allocations of up to 192 MiB, and a growth that comes within 20 allocations of the last
+ * allocations of up to 192 MiB (1/16 of a request above 3 GiB), and a growth that comes within 20 allocations of the last
  * one (a model's forward pass saving activations) takes twice the last one's size, up to
  * 192 MiB: fewer, larger pieces while memory climbs, the exact need otherwise.
  *
@@ -22,7 +22,7 @@
  * give at least a tenth of it: a fresh virtual range mapped onto physical allocations of
  * the large arena that are wholly free right now - in holes, the largest hole first, then
  * at the arena's free end - and, for what is still missing, new allocations of at most
- * 40 MiB each, appended to the arena. (The driver maps whole physical allocations only,
+ * 40 MiB each (1/64 of a request above 2.5 GiB), appended to the arena. (The driver maps whole physical allocations only,
  * never a part: tools/gpu/probe_map.txt. Small new pieces are what lets later stitched
  * ranges find whole free allocations in the holes that blocks leave.) With less in the
  * holes, the arena grows instead: a stitched range made mostly of new memory would map it
@@ -57,14 +57,16 @@
 #define kLargePieceMax ((size_t)192 << 20) /* the large arena's new memory comes in physical
                                               allocations of at most this (fewer pieces cost
                                               fewer cuMemSetAccess calls; smaller ones are
-                                              more often wholly free, for stitching) */
+                                              more often wholly free, for stitching) ... */
+#define kLargePieces 16                     /* ... or of 1/16 of a request above 3 GiB */
 #define kBurstAllocs 20                     /* a growth this few allocations after the last */
 #define kBurstMax ((size_t)192 << 20)       /* doubles the last one's size, up to this */
 #define kStitchMin ((size_t)256 << 20)      /* requests this large may be stitched */
 #define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them */
 #define kStitchPiece ((size_t)40 << 20)     /* new memory for a stitched range: allocations of
                                                at most this, so that later ranges can reuse
-                                               them whole */
+                                               them whole ... */
+#define kStitchPieces 64                    /* ... or of 1/64 of a request above 2.5 GiB */
 #define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation */
 
 typedef struct sb_block_s sb_block;
@@ -452,6 +454,13 @@ static stash_status_t va_reserve(stash_heap_t* h, size_t size, uint64_t* out) {
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+/* The largest physical allocation new memory for `size` bytes comes in: `least`, or a
+ * 1/parts share of a huge request (which would otherwise cost hundreds of pieces). */
+static size_t piece_bytes(size_t size, size_t least, size_t parts, size_t granularity) {
+  size_t share = round_up(size / parts, granularity);
+  return share > least ? share : least;
+}
+
 static stash_status_t arena_reserve(stash_heap_t* h, sb_arena* a) {
   if (a->reserved) return STASH_OK;
   /* Room for everything the device holds, twice: pages given back at the end and mapped
@@ -833,7 +842,8 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
   if (got < n && t && t->kind == K_FREE && tag_ok(t, slot)) take_whole_handles(h, t, n, homes, &got);
   if (got < n) {
     size_t first = a->mapped / G;
-    stash_status_t st = arena_grow(h, a, n - got, slot, true, kStitchPiece);
+    stash_status_t st =
+        arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G));
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
@@ -950,7 +960,8 @@ grow:
   if (!b) {
     size_t tail = free_tail(a, slot);
     stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false,
-                                  a->small ? SIZE_MAX : kLargePieceMax);
+                                  a->small ? SIZE_MAX
+                                           : piece_bytes(size, kLargePieceMax, kLargePieces, G));
     if (r != STASH_OK) return r;
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");

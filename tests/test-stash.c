@@ -513,6 +513,23 @@ TEST(little_in_the_holes_grows_the_arena_instead) {
   fx_close(&f);
 }
 
+TEST(a_huge_request_comes_in_few_pieces) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* x = fx_alloc(&f, 8 * GiB, S1); /* 1/16 of it a piece, not 43 pieces of 192 MiB */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 16);
+  void* y = fx_alloc(&f, 30 * MiB, S1);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 17);
+  fx_free(&f, x); /* a hole of 16 whole allocations */
+  void* z = fx_alloc(&f, 12 * GiB, S1); /* stitched: the hole's 8 GiB, and 4 GiB new */
+  CHECK(find(&f, z).in_stitched);
+  /* the new 4 GiB in pieces of 1/64 of the request (192 MiB), not of 40 MiB (103 pieces) */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 22);
+  fx_free(&f, z);
+  fx_free(&f, y);
+  fx_close(&f);
+}
+
 TEST(growth_in_a_burst_takes_larger_steps) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -652,6 +669,7 @@ int main(void) {
   RUN(stitching_never_maps_part_of_an_allocation);
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
+  RUN(a_huge_request_comes_in_few_pieces);
   RUN(stitching_respects_streams);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
