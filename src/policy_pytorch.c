@@ -1283,26 +1283,16 @@ static stash_status_t pt_check(stash_heap_t* h) {
   if (allocated_count != s->allocated.count) FAIL("the address map holds stale entries");
   if (reserved != h->total_reserved) FAIL("total reserved %zu != %zu counted", h->total_reserved, reserved);
   const stash_stats_t* st = &h->stats;
-  for (int t = 1; t < 3; t++) {
-    for (int k = 0; k < 9; k++) {
-      const stash_stat_t* arr[9] = {st->allocation, st->allocated_bytes, st->active,
-                                    st->active_bytes, st->requested_bytes, st->segment,
-                                    st->reserved_bytes, st->inactive_split,
-                                    st->inactive_split_bytes};
-      const int64_t* want[9] = {alloc_n, alloc_b, active_n, active_b, req_b, seg_n, res_b,
-                                isplit_n, isplit_b};
-      static const char* const names[9] = {"allocation", "allocated_bytes", "active",
-                                           "active_bytes", "requested_bytes", "segment",
-                                           "reserved_bytes", "inactive_split",
-                                           "inactive_split_bytes"};
-      if (arr[k][t].current != want[k][t])
-        FAIL("%s.%s.current is %" PRId64 ", the blocks say %" PRId64, names[k],
-             t == 1 ? "small_pool" : "large_pool", arr[k][t].current, want[k][t]);
-      if (t == 2 && arr[k][0].current != want[k][1] + want[k][2])
-        FAIL("%s.all.current is not the sum of the pools", names[k]);
-      if (arr[k][t].peak < arr[k][t].current) FAIL("%s peak below current", names[k]);
-    }
-  }
+  const stash_stat_t* arr[9] = {st->allocation, st->allocated_bytes, st->active, st->active_bytes,
+                                st->requested_bytes, st->segment, st->reserved_bytes,
+                                st->inactive_split, st->inactive_split_bytes};
+  const int64_t* want[9] = {alloc_n, alloc_b, active_n, active_b, req_b, seg_n, res_b,
+                            isplit_n, isplit_b};
+  static const char* const names[9] = {"allocation", "allocated_bytes", "active", "active_bytes",
+                                       "requested_bytes", "segment", "reserved_bytes",
+                                       "inactive_split", "inactive_split_bytes"};
+  stash_status_t r = _stash_stats_check(arr, want, names, 9);
+  if (r != STASH_OK) return r;
   if (st->oversize_allocations.current != oversize_alloc) FAIL("oversize_allocations is off");
   if (st->oversize_segments.current != oversize_seg) FAIL("oversize_segments is off");
   /* Every pending event points at a freed block that counts it. */

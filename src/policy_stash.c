@@ -1422,14 +1422,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
   const int64_t* want[7] = {alloc_n, alloc_b, active_n, active_b, req_b, seg_n, res_b};
   static const char* const names[7] = {"allocation", "allocated_bytes", "active", "active_bytes",
                                        "requested_bytes", "segment", "reserved_bytes"};
-  for (int k = 0; k < 7; k++) {
-    for (int t = 1; t < 3; t++) {
-      if (arr[k][t].current != want[k][t])
-        FAIL("%s.%s.current is %" PRId64 ", the blocks say %" PRId64, names[k],
-             t == 1 ? "small_pool" : "large_pool", arr[k][t].current, want[k][t]);
-    }
-    if (arr[k][0].current != want[k][1] + want[k][2]) FAIL("%s.all is not the sum of the pools", names[k]);
-  }
+  stash_status_t r = _stash_stats_check(arr, want, names, 7);
+  if (r != STASH_OK) return r;
   int bad = 0;
   _stash_events_foreach(&s->events, pending_ok, &bad);
   if (bad) FAIL("an event waits on a block that is not pending");
