@@ -135,12 +135,16 @@ static inline void _stash_stat_array_dec(stash_stat_t* a, bool small, int64_t n)
   _stash_stat_dec(&a[STASH_STAT_ALL], n);
   _stash_stat_dec(&a[small ? STASH_STAT_SMALL : STASH_STAT_LARGE], n);
 }
-/* A heap check's comparison of n statistic arrays with counts recomputed from the blocks
- * (want[k][STASH_STAT_SMALL / LARGE]): each pool's current equals its count, "all" is their
- * sum, and no peak is below its current. STASH_OK, or STASH_ERR_INVALID naming the stat. */
-STASH_HIDDEN stash_status_t _stash_stats_check(const stash_stat_t* const* arrays,
-                                               const int64_t* const* want,
-                                               const char* const* names, int n);
+/* The array statistics as a heap check counts them from the blocks. */
+typedef struct stash_stat_counts_s {
+#define STASH_X_(name, doc) int64_t name[STASH_STAT_NTYPES];
+  STASH_STAT_ARRAYS(STASH_X_)
+#undef STASH_X_
+} stash_stat_counts_t;
+/* A heap check's comparison of the array statistics with the counts (their [SMALL] and
+ * [LARGE]): each pool's current equals its count, "all" is their sum, and no peak is below
+ * its current. STASH_OK, or STASH_ERR_INVALID naming the statistic. */
+STASH_HIDDEN stash_status_t _stash_stats_check(const stash_stats_t* st, const stash_stat_counts_t* n);
 STASH_HIDDEN void _stash_stats_reset_peak(stash_stats_t* s);
 STASH_HIDDEN void _stash_stats_reset_accumulated(stash_stats_t* s);
 

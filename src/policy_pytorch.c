@@ -1194,8 +1194,7 @@ static stash_status_t pt_check(stash_heap_t* h) {
     if (!_stash_bs_valid(&pools[i]->unmapped)) FAIL("the unmapped tree is malformed");
   }
   /* Recompute every current statistic from the blocks. */
-  int64_t alloc_n[3] = {0}, alloc_b[3] = {0}, active_n[3] = {0}, active_b[3] = {0};
-  int64_t req_b[3] = {0}, seg_n[3] = {0}, res_b[3] = {0}, isplit_n[3] = {0}, isplit_b[3] = {0};
+  stash_stat_counts_t n = {0}; /* the statistics, counted from the blocks */
   int64_t oversize_alloc = 0, oversize_seg = 0;
   size_t free_count[2] = {0}, unmapped_count[2] = {0}, allocated_count = 0;
   size_t reserved = 0;
@@ -1241,17 +1240,17 @@ static stash_status_t pt_check(stash_heap_t* h) {
           FAIL("adjacent free blocks at 0x%" PRIx64 " not merged", b->ptr);
         free_count[pi]++;
         if (!g->expandable && is_split(b)) {
-          isplit_n[t]++;
-          isplit_b[t] += (int64_t)b->size;
+          n.inactive_split[t]++;
+          n.inactive_split_bytes[t] += (int64_t)b->size;
         }
       } else {
         if (b->where != IN_NONE) FAIL("active block 0x%" PRIx64 " in a free set", b->ptr);
-        active_n[t]++;
-        active_b[t] += (int64_t)b->size;
-        req_b[t] += (int64_t)b->requested_size;
+        n.active[t]++;
+        n.active_bytes[t] += (int64_t)b->size;
+        n.requested_bytes[t] += (int64_t)b->requested_size;
         if (b->allocated) {
-          alloc_n[t]++;
-          alloc_b[t] += (int64_t)b->size;
+          n.allocation[t]++;
+          n.allocated_bytes[t] += (int64_t)b->size;
           allocated_count++;
           if (_stash_ptrmap_get(&s->allocated, b->ptr) != b)
             FAIL("allocated block 0x%" PRIx64 " missing from the address map", b->ptr);
@@ -1266,12 +1265,12 @@ static stash_status_t pt_check(stash_heap_t* h) {
       size_t pages = 0;
       for (size_t p = 0; p < g->nhandles; p++) pages += g->handles[p] != 0;
       if (g->nhandles && !g->handles[g->nhandles - 1]) FAIL("untrimmed handle list");
-      res_b[t] += (int64_t)(pages * g->page);
+      n.reserved_bytes[t] += (int64_t)(pages * g->page);
       reserved += pages * g->page;
       (void)mapped_bytes;
     } else {
-      seg_n[t]++;
-      res_b[t] += (int64_t)g->size;
+      n.segment[t]++;
+      n.reserved_bytes[t] += (int64_t)g->size;
       reserved += g->size;
       if (g->size >= h->conf.max_split_size) oversize_seg++;
     }
@@ -1283,15 +1282,7 @@ static stash_status_t pt_check(stash_heap_t* h) {
   if (allocated_count != s->allocated.count) FAIL("the address map holds stale entries");
   if (reserved != h->total_reserved) FAIL("total reserved %zu != %zu counted", h->total_reserved, reserved);
   const stash_stats_t* st = &h->stats;
-  const stash_stat_t* arr[9] = {st->allocation, st->allocated_bytes, st->active, st->active_bytes,
-                                st->requested_bytes, st->segment, st->reserved_bytes,
-                                st->inactive_split, st->inactive_split_bytes};
-  const int64_t* want[9] = {alloc_n, alloc_b, active_n, active_b, req_b, seg_n, res_b,
-                            isplit_n, isplit_b};
-  static const char* const names[9] = {"allocation", "allocated_bytes", "active", "active_bytes",
-                                       "requested_bytes", "segment", "reserved_bytes",
-                                       "inactive_split", "inactive_split_bytes"};
-  stash_status_t r = _stash_stats_check(arr, want, names, 9);
+  stash_status_t r = _stash_stats_check(st, &n);
   if (r != STASH_OK) return r;
   if (st->oversize_allocations.current != oversize_alloc) FAIL("oversize_allocations is off");
   if (st->oversize_segments.current != oversize_seg) FAIL("oversize_segments is off");

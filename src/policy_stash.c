@@ -1326,8 +1326,7 @@ static void pending_ok(void* item, void* arg) {
 
 static stash_status_t sb_check(stash_heap_t* h) {
   sb_state* s = S(h);
-  int64_t alloc_n[3] = {0}, alloc_b[3] = {0}, active_n[3] = {0}, active_b[3] = {0};
-  int64_t req_b[3] = {0}, seg_n[3] = {0}, res_b[3] = {0};
+  stash_stat_counts_t n = {0}; /* the statistics, counted from the blocks */
   size_t live = 0, total = 0, ncached = 0;
   for (size_t i = 0; i < kCacheSizes; i++) {
     for (sb_block* b = s->cache[i]; b; b = b->tnext) {
@@ -1353,8 +1352,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
       pages += a->handles[k].npages;
     }
     if (pages * G != a->mapped) FAIL("an arena's mapped size disagrees with its memory");
-    seg_n[t] += (int64_t)a->nhandles;
-    res_b[t] += (int64_t)a->mapped;
+    n.segment[t] += (int64_t)a->nhandles;
+    n.reserved_bytes[t] += (int64_t)a->mapped;
     total += a->mapped;
     uint64_t expect = a->base;
     for (sb_block* b = a->first; b; b = b->next) {
@@ -1373,12 +1372,12 @@ static stash_status_t sb_check(stash_heap_t* h) {
       } else if (b->kind == K_PHANTOM) {
         if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
       } else {
-        active_n[t]++;
-        active_b[t] += (int64_t)b->size;
-        req_b[t] += (int64_t)b->requested;
+        n.active[t]++;
+        n.active_bytes[t] += (int64_t)b->size;
+        n.requested_bytes[t] += (int64_t)b->requested;
         if (b->allocated) {
-          alloc_n[t]++;
-          alloc_b[t] += (int64_t)b->size;
+          n.allocation[t]++;
+          n.allocated_bytes[t] += (int64_t)b->size;
           live++;
           if (_stash_ptrmap_get(&s->allocated, b->ptr) != b) FAIL("a live block is not in the map");
         }
@@ -1394,12 +1393,12 @@ static stash_status_t sb_check(stash_heap_t* h) {
     if (x->user) {
       sb_block* u = x->user;
       if (u->kind != K_USER || u->stitch != x || u->size > x->npages * G) FAIL("a bad stitched block");
-      active_n[STASH_STAT_LARGE]++;
-      active_b[STASH_STAT_LARGE] += (int64_t)u->size;
-      req_b[STASH_STAT_LARGE] += (int64_t)u->requested;
+      n.active[STASH_STAT_LARGE]++;
+      n.active_bytes[STASH_STAT_LARGE] += (int64_t)u->size;
+      n.requested_bytes[STASH_STAT_LARGE] += (int64_t)u->requested;
       if (u->allocated) {
-        alloc_n[STASH_STAT_LARGE]++;
-        alloc_b[STASH_STAT_LARGE] += (int64_t)u->size;
+        n.allocation[STASH_STAT_LARGE]++;
+        n.allocated_bytes[STASH_STAT_LARGE] += (int64_t)u->size;
         live++;
         if (_stash_ptrmap_get(&s->allocated, u->ptr) != u) FAIL("a live block is not in the map");
       }
@@ -1417,12 +1416,7 @@ static stash_status_t sb_check(stash_heap_t* h) {
   if (live != s->allocated.count) FAIL("the address map holds stale entries");
   if (total != h->total_reserved) FAIL("total reserved %zu != %zu", h->total_reserved, total);
   const stash_stats_t* st = &h->stats;
-  const stash_stat_t* arr[7] = {st->allocation, st->allocated_bytes, st->active, st->active_bytes,
-                                st->requested_bytes, st->segment, st->reserved_bytes};
-  const int64_t* want[7] = {alloc_n, alloc_b, active_n, active_b, req_b, seg_n, res_b};
-  static const char* const names[7] = {"allocation", "allocated_bytes", "active", "active_bytes",
-                                       "requested_bytes", "segment", "reserved_bytes"};
-  stash_status_t r = _stash_stats_check(arr, want, names, 7);
+  stash_status_t r = _stash_stats_check(st, &n);
   if (r != STASH_OK) return r;
   int bad = 0;
   _stash_events_foreach(&s->events, pending_ok, &bad);

@@ -12,26 +12,31 @@
 
 #include "internal.h"
 
-stash_status_t _stash_stats_check(const stash_stat_t* const* arrays, const int64_t* const* want,
-                                  const char* const* names, int n) {
-  for (int k = 0; k < n; k++) {
-    const stash_stat_t* a = arrays[k];
-    for (int t = STASH_STAT_SMALL; t <= STASH_STAT_LARGE; t++) {
-      if (a[t].current != want[k][t])
-        return _stash_error(STASH_ERR_INVALID,
-                            "heap check: %s.%s.current is %" PRId64 ", the blocks say %" PRId64,
-                            names[k], t == STASH_STAT_SMALL ? "small_pool" : "large_pool",
-                            a[t].current, want[k][t]);
-    }
-    if (a[STASH_STAT_ALL].current != want[k][STASH_STAT_SMALL] + want[k][STASH_STAT_LARGE])
-      return _stash_error(STASH_ERR_INVALID, "heap check: %s.all.current is not the sum of the pools",
-                          names[k]);
-    for (int t = 0; t < STASH_STAT_NTYPES; t++) {
-      if (a[t].peak < a[t].current)
-        return _stash_error(STASH_ERR_INVALID, "heap check: %s peak below current", names[k]);
-    }
+static stash_status_t check_one(const char* name, const stash_stat_t* a, const int64_t* want) {
+  for (int t = STASH_STAT_SMALL; t <= STASH_STAT_LARGE; t++) {
+    if (a[t].current != want[t])
+      return _stash_error(STASH_ERR_INVALID,
+                          "heap check: %s.%s.current is %" PRId64 ", the blocks say %" PRId64,
+                          name, t == STASH_STAT_SMALL ? "small_pool" : "large_pool",
+                          a[t].current, want[t]);
+  }
+  if (a[STASH_STAT_ALL].current != want[STASH_STAT_SMALL] + want[STASH_STAT_LARGE])
+    return _stash_error(STASH_ERR_INVALID, "heap check: %s.all.current is not the sum of the pools",
+                        name);
+  for (int t = 0; t < STASH_STAT_NTYPES; t++) {
+    if (a[t].peak < a[t].current)
+      return _stash_error(STASH_ERR_INVALID, "heap check: %s peak below current", name);
   }
   return STASH_OK;
+}
+
+stash_status_t _stash_stats_check(const stash_stats_t* st, const stash_stat_counts_t* n) {
+  stash_status_t r = STASH_OK;
+#define STASH_X_(name, doc) \
+  if (r == STASH_OK) r = check_one(#name, st->name, n->name);
+  STASH_STAT_ARRAYS(STASH_X_)
+#undef STASH_X_
+  return r;
 }
 
 void _stash_stats_reset_peak(stash_stats_t* s) {

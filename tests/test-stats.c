@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "stash.h"
+#include "internal.h"
 #include "stash_provider.h"
 #include "testhelper.h"
 
@@ -618,6 +619,27 @@ TEST(heap_stats_and_resets) {
   stash_sim_destroy(sim);
 }
 
+/* The heap checks' comparison of the statistics with the counts from the blocks. */
+TEST(stats_check_names_what_disagrees) {
+  stash_stats_t st = {0};
+  stash_stat_counts_t n = {0};
+  CHECK_OK(_stash_stats_check(&st, &n));
+  st.active_bytes[STASH_STAT_SMALL].current = st.active_bytes[STASH_STAT_SMALL].peak = 512;
+  st.active_bytes[STASH_STAT_ALL].current = st.active_bytes[STASH_STAT_ALL].peak = 512;
+  CHECK_EQ(_stash_stats_check(&st, &n), STASH_ERR_INVALID);
+  CHECK_STR_CONTAINS(stash_last_error(), "active_bytes.small_pool.current is 512, the blocks say 0");
+  n.active_bytes[STASH_STAT_SMALL] = 512;
+  CHECK_OK(_stash_stats_check(&st, &n));
+  st.segment[STASH_STAT_ALL].current = st.segment[STASH_STAT_ALL].peak = 1;
+  CHECK_EQ(_stash_stats_check(&st, &n), STASH_ERR_INVALID);
+  CHECK_STR_CONTAINS(stash_last_error(), "segment.all.current is not the sum of the pools");
+  st.segment[STASH_STAT_ALL].current = 0;
+  st.reserved_bytes[STASH_STAT_LARGE].current = st.reserved_bytes[STASH_STAT_ALL].current = 4;
+  n.reserved_bytes[STASH_STAT_LARGE] = 4;
+  CHECK_EQ(_stash_stats_check(&st, &n), STASH_ERR_INVALID);
+  CHECK_STR_CONTAINS(stash_last_error(), "reserved_bytes peak below current");
+}
+
 int main(void) {
   RUN(json_keys_and_values);
   RUN(json_truncation);
@@ -626,5 +648,6 @@ int main(void) {
   RUN(summary_title_and_zero_stats);
   RUN(summary_truncation);
   RUN(heap_stats_and_resets);
+  RUN(stats_check_names_what_disagrees);
   TEST_MAIN_END();
 }
