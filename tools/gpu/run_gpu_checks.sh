@@ -7,11 +7,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/gpu
 mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/machine.txt"
-lscpu | grep -E "Model name|^CPU\(s\)" >> "$R/machine.txt"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$R/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
-ctest --test-dir build-gpu --output-on-failure -j4 > "$R/ctest.log" 2>&1
+STASH_GPU_TESTS=ON . tools/gpu/build.sh
+env -u STASH_LIBRARY -u STASH_PROVIDER ctest --test-dir build-gpu --output-on-failure -j4 \
+  > "$R/ctest.log" 2>&1  # each test sets the provider it needs
 echo "ctest: $(grep -E 'tests passed|tests failed' "$R/ctest.log")"
 grep -E "^  policy|^  .*reserved|skipped|Skipped|Failed|CHECK" "$R/ctest.log" | head -40
 # GPU and simulated replays, one process each.

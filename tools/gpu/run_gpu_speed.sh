@@ -6,8 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/speed
 mkdir -p "$R"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$R/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+STASH_GPU_TESTS=ON . tools/gpu/build.sh
 build-gpu/tests/test-cuda 2>&1 | tee "$R/test-cuda.log"; echo "test-cuda rc=${PIPESTATUS[0]}"
 T=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))')
 C=$(dirname "$(dirname "$(which nvcc)")")

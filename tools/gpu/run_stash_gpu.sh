@@ -8,10 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/stash
 mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/machine.txt"
-lscpu | grep -E "Model name|^CPU\(s\)" >> "$R/machine.txt"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$R/build.log" 2>&1 &&
-  cmake --build build-gpu -j"$(nproc)" >> "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+STASH_GPU_TESTS=ON . tools/gpu/build.sh
 build-gpu/tests/test-cuda > "$R/test-cuda.log" 2>&1
 echo "test-cuda: exit $?"
 cat "$R/test-cuda.log" | head -40
