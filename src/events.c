@@ -47,16 +47,27 @@ static stash_status_t host_oom(stash_events_t* e) {
   return _stash_error(STASH_ERR_HOST_OOM, "free: out of host memory");
 }
 
+stash_status_t _stash_uses_add(void*** uses, uint32_t* n, uint32_t* cap, void* stream) {
+  for (uint32_t i = 0; i < *n; i++) {
+    if ((*uses)[i] == stream) return STASH_OK;
+  }
+  if (*n == *cap) {
+    uint32_t c = *cap ? *cap * 2 : 2;
+    void** v = realloc(*uses, c * sizeof *v);
+    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "record_stream: out of host memory");
+    *uses = v;
+    *cap = c;
+  }
+  (*uses)[(*n)++] = stream;
+  return STASH_OK;
+}
+
 stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* const* streams,
                                     size_t n, void* item) {
-  if (e->nqueues + n > e->cap_queues) {
-    size_t cap = e->cap_queues ? e->cap_queues : 4;
-    while (cap < e->nqueues + n) cap *= 2;
-    stash_ev_queue_t* v = realloc(e->queues, cap * sizeof *v);
-    if (!v) return host_oom(e);
-    e->queues = v;
-    e->cap_queues = cap;
-  }
+  stash_ev_queue_t* queues =
+      _stash_array_grow(e->queues, &e->cap_queues, e->nqueues + n, sizeof *queues, 4);
+  if (!queues) return host_oom(e);
+  e->queues = queues;
   for (size_t i = 0; i < n; i++) {
     stash_ev_queue_t* q = queue_for(e, streams[i]);
     if (!q) {
@@ -66,15 +77,10 @@ stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* co
     }
     if (!queue_reserve(q, 1)) return host_oom(e);
   }
-  if (e->cap_pool < e->nevents + n) {
-    /* Room for every event the heap may ever own, so that recycling cannot fail. */
-    size_t cap = e->cap_pool ? e->cap_pool : 16;
-    while (cap < e->nevents + n) cap *= 2;
-    uint64_t* v = realloc(e->pool, cap * sizeof *v);
-    if (!v) return host_oom(e);
-    e->pool = v;
-    e->cap_pool = cap;
-  }
+  /* Room for every event the heap may ever own, so that recycling cannot fail. */
+  uint64_t* pool = _stash_array_grow(e->pool, &e->cap_pool, e->nevents + n, sizeof *pool, 16);
+  if (!pool) return host_oom(e);
+  e->pool = pool;
   uint64_t local[64];
   uint64_t* ev = n <= 64 ? local : malloc(n * sizeof *ev);
   if (!ev) return host_oom(e);

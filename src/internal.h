@@ -111,6 +111,10 @@ STASH_HIDDEN void _stash_slab_init(slab_t* s, size_t obj_size);
 STASH_HIDDEN void* _stash_slab_alloc(slab_t* s);
 STASH_HIDDEN void _stash_slab_free(slab_t* s, void* obj);
 STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
+/* Room for `need` elements of `size` bytes in array v of *cap: v itself when it has it, else v
+ * reallocated to the first doubling of *cap (or of `least`) that holds them, *cap updated;
+ * NULL when the host is out of memory (v and *cap untouched). */
+STASH_HIDDEN void* _stash_array_grow(void* v, size_t* cap, size_t need, size_t size, size_t least);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 
@@ -205,6 +209,9 @@ STASH_HIDDEN stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* 
                                                stash_ev_done_fn done);
 STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
                                         void (*fn)(void* item, void* arg), void* arg);
+/* Add stream to a block's list of streams it was used on (once): record_stream. */
+STASH_HIDDEN stash_status_t _stash_uses_add(void*** uses, uint32_t* n, uint32_t* cap,
+                                            void* stream);
 /* Destroy every event (queued or pooled); returns the first error. */
 STASH_HIDDEN stash_status_t _stash_events_destroy(stash_heap_t* h, stash_events_t* e);
 

@@ -194,21 +194,6 @@ static void seg_delete(pt_state* s, pt_seg* g) {
   _stash_slab_free(&s->seg_slab, g);
 }
 
-static stash_status_t add_use(pt_block* b, void* stream) {
-  for (uint32_t i = 0; i < b->nuses; i++) {
-    if (b->uses[i] == stream) return STASH_OK;
-  }
-  if (b->nuses == b->cap_uses) {
-    uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 2;
-    void** v = realloc(b->uses, cap * sizeof *v);
-    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "record_stream: out of host memory");
-    b->uses = v;
-    b->cap_uses = cap;
-  }
-  b->uses[b->nuses++] = stream;
-  return STASH_OK;
-}
-
 /* ---- Sizes ------------------------------------------------------------------------------ */
 
 static size_t floor_log2(size_t v) { return (size_t)(63 - __builtin_clzll((unsigned long long)v)); }
@@ -545,16 +530,13 @@ static stash_status_t release_blocks(stash_heap_t* h, pt_pool* pool) {
     pt_block* b = B(it);
     it = _stash_bs_next(it);
     if (is_expandable(b)) {
-      if (n == cap) {
-        cap = cap ? cap * 2 : 16;
-        pt_block** v = realloc(to_unmap, cap * sizeof *v);
-        if (!v) {
-          if (first == STASH_OK)
-            first = _stash_error(STASH_ERR_HOST_OOM, "empty_cache: out of host memory");
-          break;
-        }
-        to_unmap = v;
+      pt_block** v = _stash_array_grow(to_unmap, &cap, n + 1, sizeof *v, 16);
+      if (!v) {
+        if (first == STASH_OK)
+          first = _stash_error(STASH_ERR_HOST_OOM, "empty_cache: out of host memory");
+        break;
       }
+      to_unmap = v;
       to_unmap[n++] = b;
     } else if (!is_split(b)) {
       stash_status_t st = release_block(h, b);
@@ -1051,7 +1033,7 @@ static stash_status_t pt_record_stream(stash_heap_t* h, uint64_t ptr, void* stre
                         "record_stream: 0x%" PRIx64 " is not a live allocation of this heap",
                         ptr);
   if (stream == b->stream) return STASH_OK; /* uses on the allocation stream need nothing */
-  return add_use(b, stream);
+  return _stash_uses_add(&b->uses, &b->nuses, &b->cap_uses, stream);
 }
 
 static stash_status_t pt_empty_cache(stash_heap_t* h) { return release_cached_blocks(h); }

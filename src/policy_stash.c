@@ -437,13 +437,10 @@ static bool block_small(const sb_block* b) { return b->arena && b->arena->small;
 
 static stash_status_t va_reserve(stash_heap_t* h, size_t size, uint64_t* out) {
   sb_state* s = S(h);
-  if (s->nva_ranges + 2 > s->cap_va_ranges) {
-    size_t cap = s->cap_va_ranges ? s->cap_va_ranges * 2 : 8;
-    uint64_t* v = realloc(s->va_ranges, cap * sizeof *v);
-    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "out of host memory");
-    s->va_ranges = v;
-    s->cap_va_ranges = cap;
-  }
+  uint64_t* ranges =
+      _stash_array_grow(s->va_ranges, &s->cap_va_ranges, s->nva_ranges + 2, sizeof *ranges, 8);
+  if (!ranges) return _stash_error(STASH_ERR_HOST_OOM, "out of host memory");
+  s->va_ranges = ranges;
   stash_status_t st = PCALL(h, va_reserve, h->device, size, out);
   if (st != STASH_OK)
     return st == STASH_ERR_OOM ? st : prov_fail(h, st, "reserve a virtual address range");
@@ -504,14 +501,10 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     return _stash_error(STASH_ERR_OOM, "arena address range exhausted");
   size_t max_pages = cap_bytes / G ? cap_bytes / G : 1;
   size_t nh = (pages + max_pages - 1) / max_pages;
-  if (a->nhandles + nh > a->cap_handles) {
-    size_t cap = a->cap_handles ? a->cap_handles : 32;
-    while (cap < a->nhandles + nh) cap *= 2;
-    sb_handle* v = realloc(a->handles, cap * sizeof *v);
-    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-    a->handles = v;
-    a->cap_handles = cap;
-  }
+  sb_handle* handles =
+      _stash_array_grow(a->handles, &a->cap_handles, a->nhandles + nh, sizeof *handles, 32);
+  if (!handles) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  a->handles = handles;
   sb_block* b = block_new(s);
   if (!b) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   uint64_t va = a->base + a->mapped;
@@ -1113,18 +1106,7 @@ static stash_status_t sb_record_stream(stash_heap_t* h, uint64_t ptr, void* stre
                         "record_stream: 0x%" PRIx64 " is not a live allocation of this heap",
                         ptr);
   if (stream == b->stream) return STASH_OK;
-  for (uint32_t i = 0; i < b->nuses; i++) {
-    if (b->uses[i] == stream) return STASH_OK;
-  }
-  if (b->nuses == b->cap_uses) {
-    uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 2;
-    void** v = realloc(b->uses, cap * sizeof *v);
-    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "record_stream: out of host memory");
-    b->uses = v;
-    b->cap_uses = cap;
-  }
-  b->uses[b->nuses++] = stream;
-  return STASH_OK;
+  return _stash_uses_add(&b->uses, &b->nuses, &b->cap_uses, stream);
 }
 
 /* Wait for pending frees, unmap free stitched ranges, give back the free ends of arenas. */

@@ -130,13 +130,9 @@ static size_t ra_find(const range_array_t* a, uint64_t addr) {
 }
 
 static bool ra_insert_at(range_array_t* a, size_t i, range_t r) {
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 16;
-    range_t* v = realloc(a->v, cap * sizeof *v);
-    if (!v) return false;
-    a->v = v;
-    a->cap = cap;
-  }
+  range_t* v = _stash_array_grow(a->v, &a->cap, a->n + 1, sizeof *v, 16);
+  if (!v) return false;
+  a->v = v;
   memmove(&a->v[i + 1], &a->v[i], (a->n - i) * sizeof *a->v);
   a->v[i] = r;
   a->n++;
@@ -208,13 +204,9 @@ static void va_give(stash_sim_t* s, uint64_t start, uint64_t size) {
 /* ---- The driver-like placement of plain allocations ------------------------------------------ */
 
 static bool chunk_insert(stash_sim_t* s, chunk_t c) {
-  if (s->nchunks == s->cap_chunks) {
-    size_t cap = s->cap_chunks ? s->cap_chunks * 2 : 64;
-    chunk_t* v = realloc(s->chunks, cap * sizeof *v);
-    if (!v) return false;
-    s->chunks = v;
-    s->cap_chunks = cap;
-  }
+  chunk_t* v = _stash_array_grow(s->chunks, &s->cap_chunks, s->nchunks + 1, sizeof *v, 64);
+  if (!v) return false;
+  s->chunks = v;
   size_t i = 0;
   while (i < s->nchunks && s->chunks[i].start < c.start) i++;
   memmove(&s->chunks[i + 1], &s->chunks[i], (s->nchunks - i) * sizeof *s->chunks);
@@ -664,13 +656,10 @@ static int stream_index(stash_sim_t* s, void* stream) {
   for (size_t i = 0; i < s->nstreams; i++) {
     if (s->streams[i].stream == stream) return (int)i;
   }
-  if (s->nstreams == s->cap_streams) {
-    size_t cap = s->cap_streams ? s->cap_streams * 2 : 8;
-    sim_stream_t* v = realloc(s->streams, cap * sizeof *v);
-    if (!v) return -1;
-    s->streams = v;
-    s->cap_streams = cap;
-  }
+  sim_stream_t* v =
+      _stash_array_grow(s->streams, &s->cap_streams, s->nstreams + 1, sizeof *v, 8);
+  if (!v) return -1;
+  s->streams = v;
   s->streams[s->nstreams] = (sim_stream_t){stream, 0, 0};
   return (int)s->nstreams++;
 }

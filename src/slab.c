@@ -10,6 +10,15 @@
 
 #define SLAB_CHUNK_BYTES (64 * 1024)
 
+void* _stash_array_grow(void* v, size_t* cap, size_t need, size_t size, size_t least) {
+  if (need <= *cap) return v;
+  size_t c = *cap ? *cap : least;
+  while (c < need) c *= 2;
+  void* nv = realloc(v, c * size);
+  if (nv) *cap = c;
+  return nv;
+}
+
 void _stash_slab_init(slab_t* s, size_t obj_size) {
   memset(s, 0, sizeof *s);
   if (obj_size < sizeof(void*)) obj_size = sizeof(void*);

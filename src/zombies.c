@@ -7,17 +7,13 @@
 #include "internal.h"
 
 void _stash_zombies_add(stash_zombies_t* z, uint64_t va, size_t size, uint64_t handle) {
-  if (z->n == z->cap) {
-    size_t cap = z->cap ? z->cap * 2 : 8;
-    stash_zombie_t* v = realloc(z->v, cap * sizeof *v);
-    if (!v) {
-      /* cannot even remember it: the memory stays with the driver until the process ends */
-      fprintf(stderr, "stash: out of host memory: %zu bytes of device memory are lost\n", size);
-      return;
-    }
-    z->v = v;
-    z->cap = cap;
+  stash_zombie_t* v = _stash_array_grow(z->v, &z->cap, z->n + 1, sizeof *v, 8);
+  if (!v) {
+    /* cannot even remember it: the memory stays with the driver until the process ends */
+    fprintf(stderr, "stash: out of host memory: %zu bytes of device memory are lost\n", size);
+    return;
   }
+  z->v = v;
   z->v[z->n++] = (stash_zombie_t){va, size, handle};
 }
 
