@@ -1306,6 +1306,20 @@ static void pending_ok(void* item, void* arg) {
   if (b->kind != K_USER || b->allocated || b->event_count <= 0) *(int*)arg = 1;
 }
 
+/* Count user block b (pool t) into n, and into *live if allocated; false if a live block
+ * is missing from the address map. */
+static bool count_user(sb_state* s, stash_stat_counts_t* n, int t, const sb_block* b,
+                       size_t* live) {
+  n->active[t]++;
+  n->active_bytes[t] += (int64_t)b->size;
+  n->requested_bytes[t] += (int64_t)b->requested;
+  if (!b->allocated) return true;
+  n->allocation[t]++;
+  n->allocated_bytes[t] += (int64_t)b->size;
+  (*live)++;
+  return _stash_ptrmap_get(&s->allocated, b->ptr) == b;
+}
+
 static stash_status_t sb_check(stash_heap_t* h) {
   sb_state* s = S(h);
   stash_stat_counts_t n = {0}; /* the statistics, counted from the blocks */
@@ -1353,16 +1367,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
         /* dead: held, not usable, counted in reserved only; cached: checked above */
       } else if (b->kind == K_PHANTOM) {
         if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
-      } else {
-        n.active[t]++;
-        n.active_bytes[t] += (int64_t)b->size;
-        n.requested_bytes[t] += (int64_t)b->requested;
-        if (b->allocated) {
-          n.allocation[t]++;
-          n.allocated_bytes[t] += (int64_t)b->size;
-          live++;
-          if (_stash_ptrmap_get(&s->allocated, b->ptr) != b) FAIL("a live block is not in the map");
-        }
+      } else if (!count_user(s, &n, t, b, &live)) {
+        FAIL("a live block is not in the map");
       }
     }
     if (expect != a->base + a->mapped) FAIL("blocks do not span an arena");
@@ -1375,15 +1381,7 @@ static stash_status_t sb_check(stash_heap_t* h) {
     if (x->user) {
       sb_block* u = x->user;
       if (u->kind != K_USER || u->stitch != x || u->size > x->npages * G) FAIL("a bad stitched block");
-      n.active[STASH_STAT_LARGE]++;
-      n.active_bytes[STASH_STAT_LARGE] += (int64_t)u->size;
-      n.requested_bytes[STASH_STAT_LARGE] += (int64_t)u->requested;
-      if (u->allocated) {
-        n.allocation[STASH_STAT_LARGE]++;
-        n.allocated_bytes[STASH_STAT_LARGE] += (int64_t)u->size;
-        live++;
-        if (_stash_ptrmap_get(&s->allocated, u->ptr) != u) FAIL("a live block is not in the map");
-      }
+      if (!count_user(s, &n, STASH_STAT_LARGE, u, &live)) FAIL("a live block is not in the map");
       /* each home page lies in one of its phantoms */
       sb_arena* a = &s->arenas[1];
       for (size_t i = 0; i < x->npages; i++) {
