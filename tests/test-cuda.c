@@ -109,7 +109,7 @@ static void patterns(const char* conf, bool big) {
         case 2: size = 2 * MiB + (rng >> 24) % (28 * MiB); break;
         default: size = 40 * MiB + (rng >> 24) % (80 * MiB); break;
       }
-      /* policy:stash serves requests >= 256 MiB from stitched ranges: some of those too */
+      /* requests >= 256 MiB too, which policy:stash may stitch from the holes */
       if (big && (rng >> 44) % 16 == 0) size = 256 * MiB + (rng >> 24) % (200 * MiB);
       l->stream = s[(rng >> 40) & 1];
       if (stash_heap_alloc(h, size, l->stream, &l->p) != STASH_OK) {
@@ -194,7 +194,7 @@ static void record_stream_waits(const char* conf) {
 
 TEST(record_stream_waits_for_the_other_stream) {
   record_stream_waits("policy:pytorch");
-  record_stream_waits("policy:stash"); /* x is a stitched range there */
+  record_stream_waits("policy:stash"); /* z: x's memory, perhaps at another address */
 }
 
 /* ---- out of memory ----------------------------------------------------------------------- */

@@ -17,6 +17,7 @@
 typedef struct run_s {
   fixture_t f;
   void* p[NPTR];
+  bool clean;   /* no fault injected: the script's paths are checked as it goes */
   int failures; /* operations that failed (any status) */
   int wrong;    /* operations that broke an invariant */
 } run_t;
@@ -77,6 +78,23 @@ static void op_empty(run_t* r) {
   after_op(r, "empty_cache");
 }
 
+static int stitched_cb(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  for (size_t i = 0; i < seg->nblocks; i++) {
+    if (b[i].address == *(uintptr_t*)arg) {
+      *(uintptr_t*)arg = seg->mapped_size == 0; /* a stitched range has no mapped size of its own */
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Whether p is a block of a stitched range (policy:stash). */
+static bool in_stitched_range(run_t* r, void* p) {
+  uintptr_t q = (uintptr_t)p;
+  CHECK_OK(stash_heap_visit(r->f.heap, stitched_cb, &q));
+  return q == 1;
+}
+
 /* The scripted sequence: small and large blocks on two streams, cross-stream frees, reuse,
  * an allocation that only fits after the cache is released, empty_cache with a pending
  * free, and one request that cannot fit. Capacity 200 MiB. */
@@ -122,14 +140,17 @@ static void script_stash(run_t* r) {
   op_alloc(r, 5, 3 * MiB, S1); /* the event is pending: not b's block */
   stash_sim_complete(r->f.sim, S2);
   op_alloc(r, 6, 2 * MiB, S1); /* processes the event */
-  op_free(r, 2);               /* a 40 MiB hole */
-  op_alloc(r, 7, 300 * MiB, S1); /* stitched: the hole's pages and new ones */
+  op_free(r, 3);
+  op_free(r, 2);               /* a 100 MiB hole, a 40 MiB physical allocation wholly in it */
+  op_alloc(r, 7, 300 * MiB, S1); /* stitched: that allocation's pages and new ones */
+  void* x = r->p[7];
+  if (r->clean) CHECK(in_stitched_range(r, x));
   op_free(r, 7);
   op_alloc(r, 8, 300 * MiB, S2); /* S1's pages are not free for S2 yet */
   stash_sim_complete(r->f.sim, S1);
+  op_alloc(r, 9, 300 * MiB, S1); /* the cached stitched range again */
+  if (r->clean) CHECK(r->p[9] == x);
   op_free(r, 8);
-  op_alloc(r, 9, 300 * MiB, S1); /* a cached stitched range again */
-  op_free(r, 3);
   op_alloc(r, 10, 30 * MiB, S1);
   op_record(r, 10, S2);
   op_free(r, 10);
@@ -150,6 +171,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   bool stash = strstr(conf, "policy:stash") != NULL;
   if (!fx_open(&r.f, conf, stash ? 1024 * MiB : 200 * MiB)) return false;
   stash_sim_reset_calls(r.f.sim);
+  r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
   if (stash) script_stash(&r);

@@ -107,7 +107,7 @@ static void* worker(void* arg) {
     } else {
       size_t size = (rng >> 33) % 4 == 0 ? (size_t)((rng >> 12) % (24 * MiB)) + 1
                                           : (size_t)((rng >> 12) % (64 * KiB)) + 1;
-      if ((rng >> 40) % 100 == 0) size = 256 * MiB + (size_t)((rng >> 12) % (128 * MiB)); /* stitched */
+      if ((rng >> 40) % 100 == 0) size = 256 * MiB + (size_t)((rng >> 12) % (128 * MiB)); /* may be stitched */
       void* p = NULL;
       stash_status_t st = stash_heap_alloc(g_heap, size, stream, &p);
       if (st == STASH_OK) {
