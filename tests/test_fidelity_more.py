@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Fidelity on traces recorded after policy:pytorch was written: PyTorch memory snapshots of
-ResNet-50 (batch 64, 192) and GPT-2 small (batch 4, 12), 8 training steps on an H200 under
-PyTorch 2.11's own allocator (tools/gpu/run_record_gpu.sh). Replayed under policy:pytorch,
-each must give exactly the max_memory_reserved() and max_memory_allocated() that the
-training run itself reported (data/traces/more/runs.jsonl).
+8 training steps on an H200 under PyTorch 2.11's own allocator - ResNet-50 (batch 64, 192)
+and GPT-2 small (batch 4, 12) in data/traces/more (tools/gpu/run_record_gpu.sh); GPT-2 with
+fused attention (batch 16), ViT-B/16 (batch 128) and BERT-base (batch 32) in
+data/traces/more2 (tools/gpu/run_record_more_gpu.sh). Replayed under policy:pytorch, each
+must give exactly the max_memory_reserved() and max_memory_allocated() that the training
+run itself reported (runs.jsonl; its runs under other settings are not replayed here).
 
   test_fidelity_more.py STASH_REPLAY DATA_DIR
 """
@@ -15,10 +17,14 @@ import sys
 
 def main():
     replay, data = sys.argv[1], sys.argv[2]
-    more = os.path.join(data, "traces", "more")
     failures = rows = 0
-    for line in open(os.path.join(more, "runs.jsonl")):
-        run = json.loads(line)
+    runs = []
+    for sub in ("more", "more2"):
+        more = os.path.join(data, "traces", sub)
+        runs += [(more, json.loads(line)) for line in open(os.path.join(more, "runs.jsonl"))]
+    for more, run in runs:
+        if run.get("conf"):
+            continue  # a run under another setting (cudaMallocAsync): an anchor, not a trace
         path = os.path.join(more, "%s_b%d.snapshot.pickle.gz" % (run["model"], run["batch"]))
         p = subprocess.run([replay, "--json", "--conf", "policy:pytorch", path],
                            capture_output=True, text=True)

@@ -3,7 +3,8 @@
 # GPU tests (test-cuda: patterns through stitched ranges, record_stream, out of memory,
 # empty_cache measured by the driver), then replays the four traces under policy:stash
 # (and policy:pytorch, for comparison) on the GPU with --driver-check and on the simulated
-# device, and times the fast path there. Results go to $OUT/stash/.
+# device, and times the fast path there. Results go to $OUT/stash/ (and $OUT/stash.tar).
+# TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/stash
@@ -13,10 +14,11 @@ build-gpu/tests/test-cuda > "$R/test-cuda.log" 2>&1
 echo "test-cuda: exit $?"
 cat "$R/test-cuda.log" | head -40
 : > "$R/replays.jsonl"
-for t in resnet50_train gpt2_train bert_varlen_train gpt2_sidestream_train; do
+for t in ${TRACES:-data/traces/resnet50_train.csv.gz data/traces/gpt2_train.csv.gz
+                  data/traces/bert_varlen_train.csv.gz data/traces/gpt2_sidestream_train.csv.gz}; do
   for c in policy:stash policy:pytorch; do
-    build-gpu/stash-replay --json --provider cuda --driver-check --conf "$c" "data/traces/$t.csv.gz" >> "$R/replays.jsonl"
-    build-gpu/stash-replay --json --provider sim --conf "$c" "data/traces/$t.csv.gz" >> "$R/replays.jsonl"
+    build-gpu/stash-replay --json --provider cuda --driver-check --conf "$c" "$t" >> "$R/replays.jsonl"
+    build-gpu/stash-replay --json --provider sim --conf "$c" "$t" >> "$R/replays.jsonl"
   done
 done
 build-gpu/bench_replay --reps 7 --conf policy:stash --conf policy:pytorch \
@@ -33,3 +35,4 @@ for r in rows:
         r.get("driver_checks", "-"), r["ns_per_event"]))
 PY
 cat "$R/bench.txt"
+tar -C "$OUT" -cf "$OUT/stash.tar" stash

@@ -15,6 +15,11 @@ Models as in ../shared/traces/README.md, random weights and data, fixed seeds: R
 (batch 128, 224x224, bf16 autocast, SGD) and GPT-2 small (12 layers, 768 wide, batch 8 x
 1024 tokens, bf16 autocast, AdamW). Deterministic algorithms on; global average pooling and
 attention are written out so that every op has a deterministic kernel.
+
+Three more models, for traces policy:stash was not tuned on (tools/gpu/run_record_more_gpu.sh),
+all with torch's fused attention (F.scaled_dot_product_attention), bf16 autocast, AdamW:
+gpt2sdpa (GPT-2 small, causal, batch 16 x 1024), vit (ViT-B/16, 224x224, batch 128) and bert
+(BERT-base encoder, masked-LM head on every position, batch 32 x 512).
 """
 import argparse
 import json
@@ -28,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--model", required=True, choices=["resnet50", "gpt2"])
+ap.add_argument("--model", required=True, choices=["resnet50", "gpt2", "gpt2sdpa", "vit", "bert"])
 ap.add_argument("--alloc", required=True, choices=["pytorch", "stash"])
 ap.add_argument("--conf", default="")
 ap.add_argument("--steps", type=int, default=20)
@@ -138,6 +143,57 @@ class GPT2(nn.Module):
         return self.ln(x) @ self.wte.weight.t()
 
 
+# ---- fused-attention transformers (gpt2sdpa, vit, bert) -----------------------------------
+
+class FusedBlock(nn.Module):
+    def __init__(self, d, heads, causal):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads, self.causal = heads, causal
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Encoder(nn.Module):
+    """GPT-2 small (causal, tied output) or BERT-base (bidirectional, tied MLM output)."""
+    def __init__(self, vocab, ctx, causal, d=768, layers=12, heads=12):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(FusedBlock(d, heads, causal) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.ln(x) @ self.wte.weight.t()
+
+
+class ViT(nn.Module):
+    def __init__(self, d=768, layers=12, heads=12, patch=16, img=224, classes=1000):
+        super().__init__()
+        self.embed = nn.Conv2d(3, d, patch, patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, d) * 0.02)
+        self.blocks = nn.ModuleList(FusedBlock(d, heads, False) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x[:, 0]))
+
+
 # ---- training ----------------------------------------------------------------------------
 
 g = torch.Generator().manual_seed(1)
@@ -150,10 +206,24 @@ if args.model == "resnet50":
     # Pinned, as a DataLoader with pin_memory=True gives them: a copy from pageable memory
     # (77 MB a step here) varies by several ms from run to run and would hide a 2% difference.
     batches = [tuple(x.pin_memory() for x in b) for b in batches]
-else:
+elif args.model == "gpt2":
     model = GPT2().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     batches = [(torch.randint(0, 50257, (args.batch or 8, 1024), generator=g),) for _ in range(2)]
+elif args.model == "vit":
+    model = ViT().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    n = args.batch or 128
+    batches = [tuple(x.pin_memory() for x in (torch.randn(n, 3, 224, 224, generator=g),
+                                              torch.randint(0, 1000, (n,), generator=g)))
+               for _ in range(2)]
+else:  # gpt2sdpa, bert
+    causal = args.model == "gpt2sdpa"
+    vocab, t = (50257, 1024) if causal else (30522, 512)
+    model = Encoder(vocab, t, causal).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    n = args.batch or (16 if causal else 32)
+    batches = [(torch.randint(0, vocab, (n, t + causal), generator=g),) for _ in range(2)]
 
 losses, times, gpu_times = [], [], []
 ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -163,8 +233,11 @@ for step in range(args.steps):
     ev0.record()
     data = [x.to(dev, non_blocking=False) for x in batches[step % 2]]
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        if args.model == "resnet50":
+        if args.model in ("resnet50", "vit"):
             loss = F.cross_entropy(model(data[0]), data[1])
+        elif args.model == "bert":
+            logits = model(data[0])
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[0].reshape(-1))
         else:
             logits = model(data[0][:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[0][:, 1:].reshape(-1))
