@@ -1,6 +1,6 @@
 /* stash internals: the module map. Each section lists what one file offers; calls go one
  * way: heap.c -> policy_*.c -> {events.c, provider.c} -> the provider table, with
- * stats.c, error.c, blockset.c, ptrmap.c and slab.c as leaves.
+ * stats.c, error.c, blockset.c, ptrmap.c, slab.c and loop.c as leaves.
  *
  * Internal symbols start with _stash_ and are hidden from the shared library.
  */
@@ -115,6 +115,39 @@ STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
  * reallocated to the first doubling of *cap (or of `least`) that holds them, *cap updated;
  * NULL when the host is out of memory (v and *cap untouched). */
 STASH_HIDDEN void* _stash_array_grow(void* v, size_t* cap, size_t need, size_t size, size_t least);
+
+/* ---- loop.c: notices a repeating loop of large allocations (turn replay) ---------------- */
+
+#define STASH_LOOP_NONE UINT64_MAX
+
+typedef struct stash_loop_ev_s { /* one allocation or free */
+  uint64_t code;   /* an allocation of some size, or the free of one made some events before */
+  uint64_t offset; /* where an allocation went in the arena, or STASH_LOOP_NONE */
+  int64_t live;    /* bytes allocated less bytes freed, after this event */
+} stash_loop_ev_t;
+
+typedef struct stash_loop_s {
+  stash_loop_ev_t* ev; /* events [base, base + n) */
+  size_t n, cap;
+  uint64_t base;
+  uint64_t* table;     /* hash of the last codes -> the event ending them, + 1 */
+  uint64_t hash;       /* the rolling hash of the last codes ... */
+  uint64_t base_pow;   /* ... and its multiplier to the power of their number */
+  uint64_t period;     /* the proposed length of a turn in events, 0 for none ... */
+  uint64_t run;        /* ... and how many of the last events repeat the one a turn before */
+  bool disabled;       /* out of host memory once: detects nothing any more */
+} stash_loop_t;
+
+STASH_HIDDEN void _stash_loop_init(stash_loop_t* L);
+STASH_HIDDEN void _stash_loop_free(stash_loop_t* L);
+/* Record an allocation of size bytes placed at offset in the arena (STASH_LOOP_NONE:
+ * elsewhere); returns its event number, for _stash_loop_freed. */
+STASH_HIDDEN uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset);
+/* Record the free of allocation `id` (STASH_LOOP_NONE if it has none) of size bytes. */
+STASH_HIDDEN void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size);
+/* Whether the allocation of size bytes about to happen is the counterpart of one a turn
+ * earlier, within a loop that has repeated a whole turn, and the offset that one got. */
+STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 

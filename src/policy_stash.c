@@ -34,6 +34,15 @@
  * every request finds the same memory as in the previous iteration and no driver call is
  * made.
  *
+ * Turn replay: a training loop repeats its allocations turn after turn, but best fit alone
+ * lets the layout drift (the blocks that live across a turn's start sit a little
+ * differently each time) until some step needs more memory. loop.c watches the large
+ * blocks' allocations and frees; once a whole turn has repeated, a large request first
+ * tries the address its counterpart got one turn earlier, if that memory is free now, and
+ * only then best fit - so the layout, once it repeats, keeps repeating. Not with more than
+ * one stream, nor while stitched ranges exist (there replay spoils the cached ranges and
+ * costs memory: docs/policy-stash.md).
+ *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
  * allocations that lie wholly in the free end of each arena. Memory the driver refuses to
@@ -101,6 +110,7 @@ struct sb_block_s {
   void** uses;        /* user: other streams it was used on */
   uint32_t nuses, cap_uses;
   int event_count;    /* user, freed: events still to complete */
+  uint64_t loop_id;   /* large user block: its event in the loop detector */
   uint32_t tag;       /* free: 0 = any stream may use it; k = stream slot k only, for now */
   uint64_t epoch;     /* free, tagged: the stream's epoch when it was freed */
   uint8_t kind;
@@ -163,6 +173,7 @@ typedef struct sb_state_s {
   sb_block* cache[kCacheSizes]; /* [size / 512 - 1]: K_CACHED blocks, linked by tnext */
   size_t ncached;
   size_t cached_bytes;
+  stash_loop_t loop;   /* the large blocks' loop detector (loop.c), for turn replay */
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
@@ -925,9 +936,40 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
 static stash_status_t release_cache(stash_heap_t* h);
 
 /* One attempt: a cached block, a stitched block, or a grown arena. */
+/* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
+ * if that memory is free now (one stream, no stitched range). NULL otherwise, or, with
+ * *st set, when the host is out of memory. */
+static sb_block* replay(sb_state* s, sb_arena* a, size_t size, uint32_t slot,
+                        stash_status_t* st) {
+  uint64_t off = 0;
+  if (s->nstreams > 1 || s->stitches || !_stash_loop_hint(&s->loop, size, &off)) return NULL;
+  uint64_t at = a->base + off;
+  sb_block* fb = free_containing(a, at, size);
+  if (!fb || !tag_ok(fb, slot)) return NULL;
+  sb_block* pre = at > fb->ptr ? block_new(s) : NULL;
+  sb_block* post = at + size < fb->ptr + fb->size ? block_new(s) : NULL;
+  if ((at > fb->ptr && !pre) || (at + size < fb->ptr + fb->size && !post)) {
+    if (pre) block_delete(s, pre);
+    if (post) block_delete(s, post);
+    *st = _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    return NULL;
+  }
+  return carve(s, fb, at, size, pre, post);
+}
+
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
+  if (!a->small) {
+    stash_status_t st = STASH_OK;
+    sb_block* r = replay(s, a, size, slot, &st);
+    if (st != STASH_OK) return st;
+    if (r) {
+      r->kind = K_USER;
+      *out = r;
+      return STASH_OK;
+    }
+  }
   sb_block* b = best_fit(a, size, slot);
   if (!b && a->small && s->ncached) { /* merge the cached blocks before growing */
     cache_flush(s);
@@ -1015,6 +1057,9 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   }
   if (st != STASH_OK) return st;
+  if (b->stitch || !b->arena->small) /* a large block: tell the loop detector */
+    b->loop_id = _stash_loop_alloc(&s->loop, b->size,
+                                   b->stitch ? STASH_LOOP_NONE : b->ptr - b->arena->base);
 got:
   b->requested = orig;
   b->stream = stream;
@@ -1095,6 +1140,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
   bool small = block_small(b);
   stat_dec(h->stats.allocation, small, 1);
   stat_dec(h->stats.allocated_bytes, small, b->size);
+  if (!small) _stash_loop_freed(&s->loop, b->loop_id, b->size);
   if (b->event_count == 0) user_free_complete(h, b);
   return STASH_OK;
 }
@@ -1173,6 +1219,7 @@ static stash_status_t sb_create(stash_heap_t* h) {
     for (size_t k = 0; k < s->cap_streams; k++) _stash_bs_init(&s->arenas[i].by_size[k], cmp_size);
   _stash_slab_init(&s->block_slab, sizeof(sb_block));
   _stash_ptrmap_init(&s->allocated);
+  _stash_loop_init(&s->loop);
   h->policy_state = s;
   return STASH_OK;
 }
@@ -1207,6 +1254,7 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
   }
   free(s->va_ranges);
   free(s->streams);
+  _stash_loop_free(&s->loop);
   _stash_ptrmap_free(&s->allocated);
   _stash_slab_destroy(&s->block_slab);
   free(s);

@@ -1,0 +1,140 @@
+/* loop.c: notices that a program's large allocations repeat - a training loop - so that the
+ * policy can give each allocation of a turn the address its counterpart got one turn
+ * earlier ("turn replay"). A layout that repeats needs no more memory next turn; one that
+ * drifts (best fit choosing a little differently each turn, as the blocks living across
+ * the turn's start sit a little differently) eventually does, in the steady state.
+ *
+ * The policy reports every large allocation (its size and where it went) and every free.
+ * Each event gets a code: an allocation of n bytes, or the free of the allocation made k
+ * events earlier. The period P is found by matching: a hash of the last kWindow codes names
+ * the previous event that ended the same codes, which proposes P; the proposal holds while
+ * each new code equals the one P events earlier. A *turn* has repeated when the last P
+ * events equal the P before them; the policy is offered a hint only then, and only while
+ * the bytes live now equal those live P events ago (a repeating layer of a forward pass
+ * repeats its codes but keeps adding bytes: not a turn).
+ *
+ * Memory: the last kHistoryMax events (a loop of more than that many large events is not
+ * seen); a failed host allocation turns the detector off, which only ends the hints.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define kWindow 8                    /* codes hashed to propose a period */
+#define kTableBits 14
+#define kTableSize ((size_t)1 << kTableBits) /* window hash -> the event ending it, + 1 */
+#define kHashBase 0x100000001b3ull           /* the rolling hash's multiplier (odd) */
+#define kHistoryMax ((size_t)1 << 16)
+#define kMinPeriod 4
+
+static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+static uint64_t alloc_code(size_t size) { return mix((uint64_t)size << 1); }
+static uint64_t free_code(uint64_t age) { return mix(age << 1 | 1); }
+
+void _stash_loop_init(stash_loop_t* L) {
+  memset(L, 0, sizeof *L);
+  L->base_pow = 1;
+  for (int i = 0; i < kWindow; i++) L->base_pow *= kHashBase;
+}
+
+void _stash_loop_free(stash_loop_t* L) {
+  free(L->ev);
+  free(L->table);
+  _stash_loop_init(L);
+}
+
+static void disable(stash_loop_t* L) {
+  _stash_loop_free(L);
+  L->disabled = true;
+}
+
+static stash_loop_ev_t* at(const stash_loop_t* L, uint64_t e) { return &L->ev[e - L->base]; }
+
+/* Append an event; false when the host is out of memory (the detector is then off). */
+static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset) {
+  if (L->n == kHistoryMax) { /* keep the newer half */
+    size_t keep = kHistoryMax / 2;
+    memmove(L->ev, L->ev + (L->n - keep), keep * sizeof *L->ev);
+    L->base += L->n - keep;
+    L->n = keep;
+  }
+  if (L->n == L->cap) {
+    stash_loop_ev_t* v = _stash_array_grow(L->ev, &L->cap, L->n + 1, sizeof *v, 1024);
+    if (!v) return false;
+    L->ev = v;
+    if (!L->table && !(L->table = calloc(kTableSize, sizeof *L->table))) return false;
+  }
+  int64_t live = (L->n ? L->ev[L->n - 1].live : 0) + delta;
+  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live};
+  return true;
+}
+
+/* After event e: follow the period, or propose one. */
+static void detect(stash_loop_t* L, uint64_t e) {
+  uint64_t code = at(L, e)->code;
+  if (L->period && e - L->base >= L->period && at(L, e - L->period)->code == code) {
+    L->run++;
+  } else {
+    L->period = 0;
+    L->run = 0;
+  }
+  /* the hash of the last kWindow codes, rolled: sum of code * B^age */
+  L->hash = L->hash * kHashBase + code;
+  if (e - L->base >= kWindow) L->hash -= at(L, e - kWindow)->code * L->base_pow;
+  if (e - L->base + 1 < kWindow) return;
+  uint64_t* slot = &L->table[(L->hash * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits)];
+  if (!L->period && *slot && *slot - 1 >= L->base && e - (*slot - 1) >= kMinPeriod &&
+      *slot - 1 < e) {
+    /* how far back the proposal holds already (looked at only so far: the run then grows
+     * one event at a time) */
+    uint64_t p = e - (*slot - 1), run = 0;
+    while (run < 4 * kWindow && e - run - p >= L->base && e - run - p <= e &&
+           at(L, e - run)->code == at(L, e - run - p)->code)
+      run++;
+    if (run >= kWindow) {
+      L->period = p;
+      L->run = run;
+    }
+  }
+  *slot = e + 1;
+}
+
+uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
+  if (L->disabled) return STASH_LOOP_NONE;
+  if (!push(L, alloc_code(size), (int64_t)size, offset)) {
+    disable(L);
+    return STASH_LOOP_NONE;
+  }
+  uint64_t e = L->base + L->n - 1;
+  detect(L, e);
+  return e;
+}
+
+void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
+  if (L->disabled) return;
+  uint64_t e = L->base + L->n; /* this free's number */
+  /* An allocation recorded before the detector failed (STASH_LOOP_NONE) has no age: a
+   * code no allocation of the loop can have ends any proposal. */
+  uint64_t code = id < e ? free_code(e - id) : mix(UINT64_MAX);
+  if (!push(L, code, -(int64_t)size, STASH_LOOP_NONE)) {
+    disable(L);
+    return;
+  }
+  detect(L, e);
+}
+
+bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset) {
+  uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
+  if (L->disabled || !p || L->run < p || e - L->base <= p) return false;
+  if (at(L, e - 1)->live != at(L, e - 1 - p)->live) return false; /* not a turn */
+  const stash_loop_ev_t* x = at(L, e - p);
+  if (x->code != alloc_code(size) || x->offset == STASH_LOOP_NONE) return false;
+  *offset = x->offset;
+  return true;
+}

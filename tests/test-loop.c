@@ -1,0 +1,134 @@
+/* test-loop: the loop detector behind policy:stash's turn replay (src/loop.c). */
+#include <stdlib.h>
+
+#include "internal.h"
+#include "testhelper.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* One turn: 12 events - 6 allocations, each pair freed after it is made - leaving nothing
+ * live. */
+static const size_t kSizes[6] = {10 * MiB, 20 * MiB, 5 * MiB, 7 * MiB, 3 * MiB, 9 * MiB};
+
+/* Run one turn, placing allocation i at base + i * 32 MiB; for each allocation, ask for a
+ * hint first and count those that name the previous turn's offset (want_base). */
+static int turn(stash_loop_t* L, uint64_t base, uint64_t want_base, int* hints) {
+  uint64_t ids[6];
+  int right = 0;
+  *hints = 0;
+  for (int i = 0; i < 6; i++) {
+    uint64_t off = 0;
+    if (_stash_loop_hint(L, kSizes[i], &off)) {
+      (*hints)++;
+      right += off == want_base + (uint64_t)i * 32 * MiB;
+    }
+    ids[i] = _stash_loop_alloc(L, kSizes[i], base + (uint64_t)i * 32 * MiB);
+    if (i % 2 == 1) { /* free the two just made, the older first */
+      _stash_loop_freed(L, ids[i - 1], kSizes[i - 1]);
+      _stash_loop_freed(L, ids[i], kSizes[i]);
+    }
+  }
+  return right;
+}
+
+TEST(hints_name_the_previous_turn_once_a_turn_repeats) {
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int hints = 0, first = -1;
+  for (int t = 0; t < 10; t++) {
+    int right = turn(&L, (uint64_t)t * 1000 * MiB, (uint64_t)(t - 1) * 1000 * MiB, &hints);
+    CHECK_EQ(right, hints); /* a hint, when there is one, is the previous turn's offset */
+    if (t < 2) CHECK_EQ(hints, 0); /* nothing repeats a whole turn yet */
+    if (hints == 6 && first < 0) first = t;
+    if (first >= 0) CHECK_EQ(hints, 6); /* and once they come, every allocation has one */
+  }
+  CHECK(first >= 2 && first <= 4);
+  CHECK_EQ(L.period, 12);
+  _stash_loop_free(&L);
+}
+
+TEST(a_repeating_layer_that_keeps_bytes_is_not_a_turn) {
+  /* a forward pass: each layer keeps a 10 MiB activation and frees two temporaries - the
+   * codes repeat every 5 events, but live bytes grow */
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int hints = 0;
+  for (int layer = 0; layer < 200; layer++) {
+    uint64_t off = 0, at = (uint64_t)layer * 16 * MiB;
+    hints += _stash_loop_hint(&L, 10 * MiB, &off);
+    _stash_loop_alloc(&L, 10 * MiB, at);
+    hints += _stash_loop_hint(&L, 2 * MiB, &off);
+    uint64_t t1 = _stash_loop_alloc(&L, 2 * MiB, at + 10 * MiB);
+    hints += _stash_loop_hint(&L, 3 * MiB, &off);
+    uint64_t t2 = _stash_loop_alloc(&L, 3 * MiB, at + 12 * MiB);
+    _stash_loop_freed(&L, t1, 2 * MiB);
+    _stash_loop_freed(&L, t2, 3 * MiB);
+  }
+  CHECK_EQ(hints, 0);
+  CHECK_EQ(L.period, 5); /* the codes do repeat */
+  _stash_loop_free(&L);
+}
+
+TEST(a_change_ends_the_hints_until_a_turn_repeats_again) {
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int hints = 0;
+  for (int t = 0; t < 6; t++) turn(&L, (uint64_t)t * 1000 * MiB, 0, &hints);
+  CHECK_EQ(hints, 6);
+  uint64_t off = 0;
+  CHECK(!_stash_loop_hint(&L, 11 * MiB, &off)); /* not what the turn does next */
+  uint64_t odd = _stash_loop_alloc(&L, 11 * MiB, 0);
+  _stash_loop_freed(&L, odd, 11 * MiB);
+  turn(&L, 6000 * MiB, 0, &hints);
+  CHECK_EQ(hints, 0); /* the period broke */
+  for (int t = 7; t < 12; t++) turn(&L, (uint64_t)t * 1000 * MiB, (uint64_t)(t - 1) * 1000 * MiB, &hints);
+  CHECK_EQ(hints, 6); /* back */
+  _stash_loop_free(&L);
+}
+
+TEST(allocations_outside_the_arena_get_no_hint) {
+  /* a stitched block's offset is STASH_LOOP_NONE: its counterpart is not hinted */
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int hinted = 0, asked = 0;
+  for (int t = 0; t < 8; t++) {
+    for (int i = 0; i < 4; i++) {
+      uint64_t off = 0;
+      bool big = i == 2;
+      if (t >= 5) {
+        asked++;
+        hinted += _stash_loop_hint(&L, big ? 300 * MiB : (size_t)(i + 2) * MiB, &off);
+      }
+      uint64_t id = _stash_loop_alloc(&L, big ? 300 * MiB : (size_t)(i + 2) * MiB,
+                                      big ? STASH_LOOP_NONE : (uint64_t)i * 8 * MiB);
+      _stash_loop_freed(&L, id, big ? 300 * MiB : (size_t)(i + 2) * MiB);
+    }
+  }
+  CHECK_EQ(asked, 12);
+  CHECK_EQ(hinted, 9); /* every turn, all but the stitched one */
+  _stash_loop_free(&L);
+}
+
+TEST(history_is_trimmed_and_hints_stay_right) {
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int hints = 0, wrong = 0;
+  for (int t = 0; t < 12000; t++) { /* 144000 events: the history is cut twice */
+    int right = turn(&L, (uint64_t)(t % 7) * 1000 * MiB, (uint64_t)((t + 6) % 7) * 1000 * MiB,
+                     &hints);
+    if (t > 4) wrong += hints != 6 || right != 6;
+  }
+  CHECK_EQ(wrong, 0);
+  CHECK(L.base > 0);
+  CHECK(L.n <= ((size_t)1 << 16));
+  _stash_loop_free(&L);
+}
+
+int main(void) {
+  RUN(hints_name_the_previous_turn_once_a_turn_repeats);
+  RUN(a_repeating_layer_that_keeps_bytes_is_not_a_turn);
+  RUN(a_change_ends_the_hints_until_a_turn_repeats_again);
+  RUN(allocations_outside_the_arena_get_no_hint);
+  RUN(history_is_trimmed_and_hints_stay_right);
+  TEST_MAIN_END();
+}
