@@ -23,6 +23,31 @@ def replay(exe, path, conf):
     return json.loads(p.stdout.splitlines()[0])
 
 
+def targets(st, pt, best, util=True, driver=True, steady=True):
+    """The checks, as (what, ok): utilization, reserved at or below `best`, driver time
+    at most policy:pytorch's (pt), and no provider call in the second half."""
+    u = st["peak_live_bytes"] / st["peak_reserved_bytes"]
+    late = st["device_allocs_second_half"] + st["device_frees_second_half"]
+    checks = [("reserved %d <= best anchor %d" % (st["peak_reserved_bytes"], best),
+               st["peak_reserved_bytes"] <= best)]
+    if util:
+        checks.insert(0, ("utilization %.2f%% >= 98%%" % (100 * u), u >= 0.98))
+    if driver:
+        checks.append(("driver %.0f us <= policy:pytorch's %.0f us" % (
+            st["modeled_driver_us"], pt["modeled_driver_us"]),
+            st["modeled_driver_us"] <= pt["modeled_driver_us"]))
+    if steady:
+        checks.append(("%d provider calls in the second half == 0" % late, late == 0))
+    return checks
+
+
+def report(name, checks):
+    """Print each check; the number that failed."""
+    for what, ok in checks:
+        print("%-22s %-4s %s" % (name, "ok" if ok else "FAIL", what))
+    return sum(not ok for _, ok in checks)
+
+
 def main():
     exe, data, names = sys.argv[1], sys.argv[2], sys.argv[3:]
     anchors = json.load(open(os.path.join(data, "traces", "anchors.json")))
@@ -30,25 +55,11 @@ def main():
     for name in names:
         t = anchors[name]
         path = os.path.join(data, "traces", t["file"])
-        st = replay(exe, path, "policy:stash")
-        pt = replay(exe, path, "policy:pytorch")
         best = min([v["peak_reserved_bytes"] for v in t["pytorch"].values()] +
                    [t["cudaMallocAsync_peak_reserved_bytes"]])
-        util = st["peak_live_bytes"] / st["peak_reserved_bytes"]
-        late = st["device_allocs_second_half"] + st["device_frees_second_half"]
-        checks = [
-            ("utilization %.2f%% >= 98%%" % (100 * util), util >= 0.98),
-            ("reserved %d <= best anchor %d" % (st["peak_reserved_bytes"], best),
-             st["peak_reserved_bytes"] <= best),
-            ("driver %.0f us <= policy:pytorch's %.0f us" % (st["modeled_driver_us"],
-                                                             pt["modeled_driver_us"]),
-             st["modeled_driver_us"] <= pt["modeled_driver_us"]),
-        ]
-        if t.get("fixed_shape"):
-            checks.append(("%d provider calls in the second half == 0" % late, late == 0))
-        for what, ok in checks:
-            print("%-22s %-4s %s" % (name, "ok" if ok else "FAIL", what))
-            failures += not ok
+        failures += report(name, targets(replay(exe, path, "policy:stash"),
+                                         replay(exe, path, "policy:pytorch"), best,
+                                         steady=bool(t.get("fixed_shape"))))
     return 1 if failures else 0
 
 
