@@ -3,9 +3,12 @@
 8 training steps on an H200 under PyTorch 2.11's own allocator - ResNet-50 (batch 64, 192)
 and GPT-2 small (batch 4, 12) in data/traces/more (tools/gpu/run_record_gpu.sh); GPT-2 with
 fused attention (batch 16), ViT-B/16 (batch 128) and BERT-base (batch 32) in
-data/traces/more2 (tools/gpu/run_record_more_gpu.sh). Replayed under policy:pytorch, each
-must give exactly the max_memory_reserved() and max_memory_allocated() that the training
-run itself reported (runs.jsonl; its runs under other settings are not replayed here).
+data/traces/more2 (tools/gpu/run_record_more_gpu.sh); and eleven RMM logs recorded with the
+shared traces' own loop (Hugging Face GPT-2, GPT-2 medium, Llama, OPT, BERT, RoBERTa, T5,
+ViT; torchvision ResNet-50 and ResNet-101) in data/traces/hf (tools/gpu/run_record_hf_gpu.sh).
+Replayed under policy:pytorch, each must give exactly the max_memory_reserved() and
+max_memory_allocated() that the training run itself reported (runs.jsonl; its runs under
+other settings are not replayed here).
 
   test_fidelity_more.py STASH_REPLAY DATA_DIR
 """
@@ -22,10 +25,15 @@ def main():
     for sub in ("more", "more2"):
         more = os.path.join(data, "traces", sub)
         runs += [(more, json.loads(line)) for line in open(os.path.join(more, "runs.jsonl"))]
+    hf = os.path.join(data, "traces", "hf")
+    runs += [(hf, json.loads(line)) for line in open(os.path.join(hf, "runs.jsonl"))]
     for more, run in runs:
-        if run.get("conf"):
+        if run.get("conf") or run.get("alloc_conf"):
             continue  # a run under another setting (cudaMallocAsync): an anchor, not a trace
-        path = os.path.join(more, "%s_b%d.snapshot.pickle.gz" % (run["model"], run["batch"]))
+        if "workload" in run:  # data/traces/hf: RMM logs named by workload
+            path = os.path.join(more, run["workload"] + ".csv.gz")
+        else:
+            path = os.path.join(more, "%s_b%d.snapshot.pickle.gz" % (run["model"], run["batch"]))
         p = subprocess.run([replay, "--json", "--conf", "policy:pytorch", path],
                            capture_output=True, text=True)
         if p.returncode != 0:

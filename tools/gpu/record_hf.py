@@ -1,0 +1,186 @@
+"""Record more real training traces the way the shared ones were recorded.
+
+The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
+torchvision models with random weights, bf16 autocast, and the loop forward, backward,
+optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
+models and batch sizes, so that policy:stash can be measured on traces of the kind it will
+be judged on, not only on ones recorded with another loop order (tools/gpu/train_compare.py
+frees the gradients after the next forward pass, which keeps them live at its peak).
+
+  python3 tools/gpu/record_hf.py WORKLOAD OUTDIR      (on the device machine)
+
+Writes OUTDIR/WORKLOAD.csv.gz (RMM's CSV log: allocations, and frees at the moment PyTorch
+made the block reusable, as record_traces.py writes it) and OUTDIR/WORKLOAD.json (PyTorch's
+own figures for the run: max_reserved, max_allocated). One workload per process: a fresh
+allocator, recording from its first allocation.
+"""
+import gzip
+import json
+import os
+import sys
+import time
+
+import torch
+
+dev = torch.device("cuda")
+torch.manual_seed(0)
+STEPS = int(os.environ.get("STEPS", 8))
+
+
+def train(model, opt, batches, steps=STEPS):
+    """The shared traces' loop: forward under bf16 autocast, backward, step, zero_grad."""
+    for i in range(steps):
+        kwargs = batches(i)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**kwargs).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        yield
+
+
+def tokens(vocab, bs, seq, labels=True):
+    def make(_):
+        ids = torch.randint(0, vocab, (bs, seq), device=dev)
+        return {"input_ids": ids, "labels": ids} if labels else {"input_ids": ids}
+    return make
+
+
+def causal_lm(cls_name, config, bs, seq):
+    import transformers
+    cfg = getattr(transformers, config[0])(**config[1])
+    m = getattr(transformers, cls_name)(cfg).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return train(m, opt, tokens(cfg.vocab_size, bs, seq))
+
+
+def gpt2(bs, layers=12, width=768, heads=12):
+    return causal_lm("GPT2LMHeadModel",
+                     ("GPT2Config", dict(n_layer=layers, n_embd=width, n_head=heads)), bs, 1024)
+
+
+def llama(bs):
+    return causal_lm("LlamaForCausalLM", ("LlamaConfig", dict(
+        hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+        num_key_value_heads=12, vocab_size=32000, max_position_embeddings=2048)), bs, 1024)
+
+
+def opt125m(bs):
+    return causal_lm("OPTForCausalLM", ("OPTConfig", {}), bs, 1024)
+
+
+def bert_varlen(bs, steps, seed):
+    from transformers import BertConfig, BertForMaskedLM
+    m = BertForMaskedLM(BertConfig()).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(seed)
+
+    def batch(_):
+        seq = int(torch.randint(32, 513, (1,), generator=g))
+        ids = torch.randint(0, 30522, (bs, seq), device=dev)
+        return {"input_ids": ids, "labels": ids}
+    return train(m, opt, batch, steps)
+
+
+def roberta(bs, seq):
+    from transformers import RobertaConfig, RobertaForMaskedLM
+    m = RobertaForMaskedLM(RobertaConfig(vocab_size=50265, max_position_embeddings=514)).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return train(m, opt, tokens(50265, bs, seq))
+
+
+def t5(bs, src, tgt):
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(decoder_start_token_id=0, pad_token_id=0)
+    m = T5ForConditionalGeneration(cfg).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+
+    def batch(_):
+        return {"input_ids": torch.randint(1, cfg.vocab_size, (bs, src), device=dev),
+                "labels": torch.randint(1, cfg.vocab_size, (bs, tgt), device=dev)}
+    return train(m, opt, batch)
+
+
+def vit(bs):
+    from transformers import ViTConfig, ViTForImageClassification
+    m = ViTForImageClassification(ViTConfig(num_labels=1000)).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+
+    def batch(_):
+        return {"pixel_values": torch.randn(bs, 3, 224, 224, device=dev),
+                "labels": torch.randint(0, 1000, (bs,), device=dev)}
+    return train(m, opt, batch)
+
+
+def resnet(name, bs):
+    import torchvision
+    m = getattr(torchvision.models, name)(weights=None).to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(STEPS):  # record_traces.py's ResNet loop, verbatim
+        x = torch.randn(bs, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (bs,), device=dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        yield
+
+
+WORKLOADS = {
+    "gpt2_b4": lambda: gpt2(4),
+    "gpt2_b12": lambda: gpt2(12),
+    "gpt2_medium_b4": lambda: gpt2(4, layers=24, width=1024, heads=16),
+    "llama_b8": lambda: llama(8),
+    "opt125m_b8": lambda: opt125m(8),
+    "bert_varlen_seed2": lambda: bert_varlen(32, 40, 2),
+    "roberta_b32": lambda: roberta(32, 512),
+    "t5_b32": lambda: t5(32, 512, 128),
+    "vit_b128": lambda: vit(128),
+    "resnet50_b64": lambda: resnet("resnet50", 64),
+    "resnet101_b128": lambda: resnet("resnet101", 128),
+}
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in WORKLOADS:
+        print(__doc__.strip() + "\n\nworkloads: " + " ".join(WORKLOADS), file=sys.stderr)
+        return 2
+    name, outdir = sys.argv[1], sys.argv[2]
+    record = not os.environ.get("NO_TRACE")
+    torch.cuda.init()
+    if record:  # from before the model exists, as record_traces.py does
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=5_000_000)
+    steps = WORKLOADS[name]()
+    t0 = time.time()
+    times = []
+    for _ in steps:
+        torch.cuda.synchronize()
+        times.append(time.time() - t0)
+    stats = torch.cuda.memory_stats()
+    fig = {"workload": name, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+           "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+           "max_allocated": torch.cuda.max_memory_allocated(),
+           "max_reserved": torch.cuda.max_memory_reserved(),
+           "num_device_alloc": stats.get("num_device_alloc"), "step_times_s": times}
+    if record:
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with gzip.open(os.path.join(outdir, name + ".csv.gz"), "wt") as f:
+            f.write("Thread,Time,Action,Pointer,Size,Stream\n")
+            for e in trace:
+                act = {"alloc": "allocate", "free_completed": "free"}.get(e["action"])
+                if act:
+                    us = e["time_us"]
+                    ts = time.strftime("%H:%M:%S", time.gmtime(us // 1_000_000))
+                    f.write("0,%s.%06d,%s,0x%x,%d,0x%x\n" % (ts, us % 1_000_000, act, e["addr"],
+                                                           e["size"], e["stream"]))
+    with open(os.path.join(outdir, name + ".json"), "w") as f:
+        json.dump(fig, f, indent=1)
+    print(json.dumps({k: v for k, v in fig.items() if k != "step_times_s"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
