@@ -22,17 +22,18 @@
  * give at least a tenth of it: a fresh virtual range mapped onto physical allocations of
  * the large arena that are wholly free right now - in holes, the largest hole first, then
  * at the arena's free end - and, for what is still missing, new allocations of at most
- * 40 MiB each (1/64 of a request above 2.5 GiB), appended to the arena. (The driver maps whole physical allocations only,
- * never a part: tools/gpu/probe_map.txt. Small new pieces are what lets later stitched
- * ranges find whole free allocations in the holes that blocks leave.) With less in the
- * holes, the arena grows instead: a stitched range made mostly of new memory would map it
- * twice for nothing. Those allocations are mapped a second time, at the stitched range, and lent to
- * it: while the stitched block lives, its pages are carved out of the arena as "phantom"
- * blocks, so the arena cannot hand them out twice; when it is freed they return to the
- * arena. Stitched ranges stay mapped and serve later requests of a similar size (at most
- * twice as large) whenever their pages are free again - so once a training loop repeats,
- * every request finds the same memory as in the previous iteration and no driver call is
- * made.
+ * 40 MiB each (1/64 of a request above 2.5 GiB), appended to the arena. (The driver maps
+ * whole physical allocations only, never a part: tools/gpu/probe_map.txt. Small new pieces
+ * are what lets later stitched ranges find whole free allocations in the holes that blocks
+ * leave.) With less in the holes, the arena grows instead. The range's pages are lent to
+ * it: while the stitched block lives, they are carved out of the arena as "phantom" blocks,
+ * so the arena cannot hand them out twice; when it is freed they return to the arena. The
+ * new allocations are mapped at the range only; at their place in the arena not before the
+ * arena first hands out a block on them (arena_ready) - a range whose pages serve it turn
+ * after turn never pays the second mapping. Stitched ranges stay mapped and serve later
+ * requests of a similar size (at most twice as large) whenever their pages are free again -
+ * so once a training loop repeats, every request finds the same memory as in the previous
+ * iteration and no driver call is made.
  *
  * Turn replay: a training loop repeats its allocations turn after turn, but best fit alone
  * lets the layout drift (the blocks that live across a turn's start sit a little
@@ -117,10 +118,16 @@ struct sb_block_s {
   bool allocated;     /* user: live (false: freed, waiting for events) */
 };
 
-typedef struct sb_handle_s { /* a physical allocation mapped into an arena */
+/* A physical allocation of an arena, at pages [first_page, first_page + npages) of it. New
+ * memory made for a stitched range is mapped there only when the arena first hands out a
+ * block on it (H_UNMAPPED until then): a range that its pages keep serving, turn after turn,
+ * never pays for the second mapping. */
+enum { H_READY = 0, H_UNMAPPED = 1, H_NOACCESS = 2 /* mapped, cuMemSetAccess failed */ };
+typedef struct sb_handle_s {
   size_t first_page;
   size_t npages;
   uint64_t handle;
+  uint8_t access;
 } sb_handle;
 
 struct sb_arena_s {
@@ -136,6 +143,7 @@ struct sb_arena_s {
   sb_block* first;
   sb_block* last;
   size_t grow_bytes;
+  size_t nlazy;       /* physical allocations not yet usable at their arena address */
   size_t last_grow_pages;      /* the last growth (not for a stitched range) ... */
   uint64_t allocs_at_last_grow; /* ... and sb_state.nallocs then */
 };
@@ -491,9 +499,10 @@ static size_t free_tail(const sb_arena* a, uint32_t slot) {
 /* Map new memory at the arena's end: need_pages, or (unless `exact`) at least the arena's
  * growth step when the limit and the device allow it. The memory is made of physical
  * allocations of at most cap_bytes each (a stitched range can only map whole ones: the
- * driver maps nothing smaller), mapped one by one and made accessible with one call. */
+ * driver maps nothing smaller), mapped one by one and made accessible with one call - or,
+ * `lazy` (memory for a stitched range), only created: arena_ready maps it on first use. */
 static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages,
-                                 uint32_t slot, bool exact, size_t cap_bytes) {
+                                 uint32_t slot, bool exact, size_t cap_bytes, bool lazy) {
   sb_state* s = S(h);
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
@@ -534,8 +543,9 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
       if (st != STASH_ERR_OOM) st = prov_fail(h, st, "create physical memory");
       goto undo;
     }
-    hs[k++] = (sb_handle){(a->mapped / G) + made, np, handle};
+    hs[k++] = (sb_handle){(a->mapped / G) + made, np, handle, lazy ? H_UNMAPPED : H_READY};
     made += np;
+    if (lazy) continue;
     st = PCALL(h, map, h->device, va + (made - np) * G, np * G, handle, 0);
     if (st != STASH_OK) {
       st = prov_fail(h, st, "map physical memory");
@@ -544,7 +554,7 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     mapped = made;
   }
   bool dead = false;
-  st = PCALL(h, set_access, h->device, va, pages * G);
+  if (!lazy) st = PCALL(h, set_access, h->device, va, pages * G);
   if (st != STASH_OK) {
     st = prov_fail(h, st, "set access to mapped memory");
     goto undo;
@@ -555,6 +565,7 @@ keep:
     a->allocs_at_last_grow = s->nallocs;
   }
   a->nhandles += k;
+  if (lazy) a->nlazy += k;
   a->mapped += pages * G;
   h->total_reserved += pages * G;
   stat_inc(h->stats.segment, a->small, k);
@@ -611,7 +622,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     uint64_t start = a->base + hd->first_page * G;
     size_t bytes = hd->npages * G;
     if (!t || t->kind != K_FREE || t->ptr > start) return STASH_OK;
-    stash_status_t st = PCALL(h, unmap, h->device, start, bytes);
+    stash_status_t st = hd->access == H_UNMAPPED ? STASH_OK : PCALL(h, unmap, h->device, start, bytes);
     if (st != STASH_OK) return prov_fail(h, st, "unmap memory");
     stash_status_t released = PCALL(h, phys_release, h->device, hd->handle);
     if (released != STASH_OK) {
@@ -628,6 +639,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
       free_insert(s, t);
     }
     a->nhandles--;
+    if (hd->access != H_READY) a->nlazy--;
     _stash_history_add(h, STASH_TRACE_SEGMENT_UNMAP, start, bytes, NULL);
     a->mapped -= bytes;
     h->total_reserved -= bytes;
@@ -653,6 +665,42 @@ static stash_status_t arena_revive(stash_heap_t* h, sb_arena* a) {
     b->epoch = 0;
     free_coalesce(s, b);
   }
+}
+
+/* The index of the first physical allocation of arena a that ends after page p. */
+static size_t handle_after(const sb_arena* a, size_t p) {
+  size_t i = 0, j = a->nhandles;
+  while (i < j) {
+    size_t m = (i + j) / 2;
+    if (a->handles[m].first_page + a->handles[m].npages <= p) i = m + 1;
+    else j = m;
+  }
+  return i;
+}
+
+/* Make [ptr, ptr + size) of the large arena usable before a block there is handed out: map
+ * and make accessible the physical allocations under it that were made for a stitched range
+ * and not yet mapped at their arena address. On an error nothing is handed out; what was
+ * mapped stays mapped (and an allocation mapped but refused access is retried next time). */
+static stash_status_t arena_ready(stash_heap_t* h, sb_arena* a, uint64_t ptr, size_t size) {
+  if (!a->nlazy) return STASH_OK;
+  size_t lo = (size_t)(ptr - a->base) / G, hi = (size_t)(ptr + size - a->base + G - 1) / G;
+  for (size_t i = handle_after(a, lo); i < a->nhandles && a->handles[i].first_page < hi; i++) {
+    sb_handle* hd = &a->handles[i];
+    if (hd->access == H_READY) continue;
+    uint64_t va = a->base + hd->first_page * G;
+    stash_status_t st = STASH_OK;
+    if (hd->access == H_UNMAPPED) {
+      st = PCALL(h, map, h->device, va, hd->npages * G, hd->handle, 0);
+      if (st != STASH_OK) return prov_fail(h, st, "map physical memory");
+      hd->access = H_NOACCESS;
+    }
+    st = PCALL(h, set_access, h->device, va, hd->npages * G);
+    if (st != STASH_OK) return prov_fail(h, st, "set access to mapped memory");
+    hd->access = H_READY;
+    a->nlazy--;
+  }
+  return STASH_OK;
 }
 
 /* ---- Finding blocks ----------------------------------------------------------------------- */
@@ -847,7 +895,8 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
   if (got < n) {
     size_t first = a->mapped / G;
     stash_status_t st =
-        arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G));
+        arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G),
+                   true);
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
@@ -939,13 +988,15 @@ static stash_status_t release_cache(stash_heap_t* h);
 /* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
  * if that memory is free now (one stream, no stitched range). NULL otherwise, or, with
  * *st set, when the host is out of memory. */
-static sb_block* replay(sb_state* s, sb_arena* a, size_t size, uint32_t slot,
+static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
                         stash_status_t* st) {
+  sb_state* s = S(h);
   uint64_t off = 0;
   if (s->nstreams > 1 || s->stitches || !_stash_loop_hint(&s->loop, size, &off)) return NULL;
   uint64_t at = a->base + off;
   sb_block* fb = free_containing(a, at, size);
   if (!fb || !tag_ok(fb, slot)) return NULL;
+  if ((*st = arena_ready(h, a, at, size)) != STASH_OK) return NULL;
   sb_block* pre = at > fb->ptr ? block_new(s) : NULL;
   sb_block* post = at + size < fb->ptr + fb->size ? block_new(s) : NULL;
   if ((at > fb->ptr && !pre) || (at + size < fb->ptr + fb->size && !post)) {
@@ -962,7 +1013,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
   if (!a->small) {
     stash_status_t st = STASH_OK;
-    sb_block* r = replay(s, a, size, slot, &st);
+    sb_block* r = replay(h, a, size, slot, &st);
     if (st != STASH_OK) return st;
     if (r) {
       r->kind = K_USER;
@@ -996,10 +1047,15 @@ grow:
     size_t tail = free_tail(a, slot);
     stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false,
                                   a->small ? SIZE_MAX
-                                           : piece_bytes(size, kLargePieceMax, kLargePieces, G));
+                                           : piece_bytes(size, kLargePieceMax, kLargePieces, G),
+                                  false);
     if (r != STASH_OK) return r;
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
+  }
+  if (!a->small) {
+    stash_status_t r = arena_ready(h, a, b->ptr, size);
+    if (r != STASH_OK) return r;
   }
   sb_block* post = NULL; /* the rest of b, if any: split off its front */
   if (size < b->size && !(post = block_new(s)))
@@ -1240,7 +1296,16 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
   }
   for (int i = 0; i < 2; i++) {
     sb_arena* a = &s->arenas[i];
-    if (a->mapped) KEEP(PCALL(h, unmap, h->device, a->base, a->mapped));
+    for (size_t k = 0; k < a->nhandles;) { /* the mapped runs of allocations */
+      size_t j = k;
+      while (j < a->nhandles && a->handles[j].access != H_UNMAPPED) j++;
+      if (j > k) {
+        uint64_t from = a->base + a->handles[k].first_page * G;
+        uint64_t to = a->base + (a->handles[j - 1].first_page + a->handles[j - 1].npages) * G;
+        KEEP(PCALL(h, unmap, h->device, from, to - from));
+      }
+      k = j < a->nhandles ? j + 1 : j;
+    }
     for (size_t k = 0; k < a->nhandles; k++) KEEP(PCALL(h, phys_release, h->device, a->handles[k].handle));
     free(a->handles);
     free(a->by_size);
@@ -1391,10 +1456,13 @@ static stash_status_t sb_check(stash_heap_t* h) {
       nsize += a->by_size[k].count;
     }
     size_t pages = 0;
+    size_t nlazy = 0;
     for (size_t k = 0; k < a->nhandles; k++) {
       if (a->handles[k].first_page != pages) FAIL("physical allocations do not tile an arena");
       pages += a->handles[k].npages;
+      nlazy += a->handles[k].access != H_READY;
     }
+    if (nlazy != a->nlazy) FAIL("an arena's count of unmapped allocations is wrong");
     if (pages * G != a->mapped) FAIL("an arena's mapped size disagrees with its memory");
     n.segment[t] += (int64_t)a->nhandles;
     n.reserved_bytes[t] += (int64_t)a->mapped;
@@ -1417,6 +1485,10 @@ static stash_status_t sb_check(stash_heap_t* h) {
         if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
       } else if (!count_user(s, &n, t, b, &live)) {
         FAIL("a live block is not in the map");
+      } else {
+        size_t lo = (size_t)(b->ptr - a->base) / G, hi = (size_t)(b->ptr + b->size - a->base + G - 1) / G;
+        for (size_t k = handle_after(a, lo); k < a->nhandles && a->handles[k].first_page < hi; k++)
+          if (a->handles[k].access != H_READY) FAIL("a live block on memory not mapped at 0x%" PRIx64, b->ptr);
       }
     }
     if (expect != a->base + a->mapped) FAIL("blocks do not span an arena");

@@ -466,6 +466,43 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
   fx_close(&f);
 }
 
+/* New memory made for a stitched range is mapped at the range only: at its place in the arena
+ * only once the arena hands out a block on it. */
+TEST(stitch_memory_is_mapped_in_the_arena_on_first_use) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  fx_free(&f, p[0]); /* a 100 MiB hole */
+  uint64_t maps = stash_sim_calls(f.sim, STASH_CALL_map);
+  uint64_t access = stash_sim_calls(f.sim, STASH_CALL_set_access);
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* stitched from A and 200 MiB new, in 5 pieces */
+  CHECK(find(&f, x).in_stitched);
+  /* A (1 piece) and the 5 new ones, each mapped once, at the range; one access call */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 6);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_set_access) - access, 1);
+  fx_free(&f, x);
+  /* the arena's free end is now the 200 MiB never mapped there (and D's free 16): a block
+   * over it maps the pieces it lies on, and only those */
+  maps = stash_sim_calls(f.sim, STASH_CALL_map);
+  void* y = fx_alloc(&f, 150 * MiB, S1); /* after D: D's 16 MiB free, then 134 of the new */
+  CHECK_EQ(U(y), U(p[3]) + 4 * MiB);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 4); /* 4 of the 5 pieces */
+  size_t run = 0;
+  phys_of(&f, (char*)y + 149 * MiB, &run); /* mapped where the new memory begins, too */
+  CHECK(run >= MiB);
+  void* x2 = fx_alloc(&f, 300 * MiB, S1); /* the range's pages are taken: a new one */
+  CHECK(U(x2) != U(x));
+  CHECK(!phys_overlap(&f, x2, 300 * MiB, y, 150 * MiB));
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x2);
+  fx_free(&f, y);
+  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* gives back mapped and unmapped pieces alike */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 0);
+  fx_close(&f);
+}
+
 TEST(stitching_never_maps_part_of_an_allocation) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -666,6 +703,7 @@ int main(void) {
   RUN(out_of_memory_releases_then_fails_cleanly);
   RUN(memory_fraction_limits_reserved);
   RUN(stitching_takes_whole_free_allocations_of_holes);
+  RUN(stitch_memory_is_mapped_in_the_arena_on_first_use);
   RUN(stitching_never_maps_part_of_an_allocation);
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
