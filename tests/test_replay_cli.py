@@ -305,6 +305,73 @@ def test_table_output():
         check_eq(int(cols[4]), o["ooms"], "table's OOMs for %s" % o["conf"])
 
 
+# ---- --explain --------------------------------------------------------------------------
+
+EXPLAIN_LINE = re.compile(
+    r"event (\d+) \(line (\d+)\): ([\d.]+) MiB on stream (\d+): (?:reserved ([\d.]+) -> ([\d.]+) "
+    r"MiB \(\+([\d.]+)\)|out of memory at ([\d.]+) MiB reserved); live before it ([\d.]+) MiB, "
+    r"free ([\d.]+) MiB in (\d+) (small|large)-pool blocks, the largest ([\d.]+) MiB$")
+
+
+def explain(path, *args, confs=(PT,)):
+    """stash-replay --explain on path: {conf: [match, ...]}, and the JSON lines."""
+    out_path = os.path.join(TMP, "explain.txt")
+    rc, out, err = run("--json", "--explain", out_path, *sum([["--conf", c] for c in confs], []),
+                       *args, path)
+    check_no_crash(rc, out, err)
+    sections, conf = {}, None
+    for line in open(out_path):
+        line = line.rstrip("\n")
+        if line.startswith("# "):
+            conf = line.split(" under ", 1)[1]
+            sections[conf] = []
+            continue
+        m = EXPLAIN_LINE.match(line)
+        check(m is not None and conf is not None, "unexpected --explain line %r" % line)
+        sections[conf].append(m)
+    return sections, json_lines(out)
+
+
+def test_explain_names_every_growth_of_pytorch_default():
+    # Under PyTorch's default every growth of reserved bytes is one cudaMalloc: as many lines
+    # as PyTorch itself counted device allocations on the real run (anchors.json), and the
+    # growths add up to the peak (nothing is freed back).
+    anchors = json.load(open(os.path.join(DATA, "traces", "anchors.json")))
+    for name in ("resnet50_train", "gpt2_train"):
+        sections, rows = explain(os.path.join(DATA, "traces", name + ".csv.gz"))
+        lines = sections[PT]
+        check_eq(len(lines), anchors[name]["pytorch"][""]["device_allocs"],
+                 "%s: --explain lines" % name)
+        check_eq(len(lines), rows[0]["device_allocs"], "%s: lines vs JSON device_allocs" % name)
+        check_eq(int(lines[0].group(1)), 1, "%s: the first allocation grows" % name)
+        total = sum(float(m.group(7)) for m in lines)
+        check(abs(total * (1 << 20) - rows[0]["peak_reserved_bytes"]) < len(lines) * 0.06 * (1 << 20),
+              "%s: growths add up to %.1f MiB, peak %d" % (name, total, rows[0]["peak_reserved_bytes"]))
+        for m in lines:  # reserved after = before + growth; a large request, a large pool
+            check(abs(float(m.group(6)) - float(m.group(5)) - float(m.group(7))) < 0.15,
+                  "inconsistent line %r" % m.group(0))
+            check_eq(m.group(12) == "small", float(m.group(3)) <= 1.0, "pool of %r" % m.group(0))
+
+
+def test_explain_reports_out_of_memory():
+    path = write("explain-oom.csv", trace_text([
+        ("allocate", "0x1000", 3 * GiB, "0x0"), ("allocate", "0x2000", 3 * GiB, "0x0")]))
+    sections, rows = explain(path, "--capacity", "4GiB", confs=(PT, "policy:stash"))
+    for conf in (PT, "policy:stash"):
+        lines = sections[conf]
+        check_eq(len(lines), 2, "%s: lines" % conf)
+        check(lines[0].group(7) is not None and lines[1].group(8) is not None,
+              "%s: a growth, then out of memory: %r" % (conf, [m.group(0) for m in lines]))
+        check_eq(float(lines[1].group(9)), 3072.0, "%s: live before the failed request" % conf)
+
+
+def test_explain_unwritable():
+    rc, out, err = run("--explain", os.path.join(TMP, "no-such-dir", "x.txt"),
+                       os.path.join(DATA, "traces", "resnet50_train.csv.gz"))
+    check_eq(rc, 2, "exit code")
+    check("--explain: cannot write" in err, "message: %r" % err)
+
+
 # ---- bad inputs --------------------------------------------------------------------------
 
 

@@ -156,6 +156,26 @@ static int layout_segment(const stash_segment_info_t* seg, const stash_block_inf
   return 0;
 }
 
+/* The free blocks of one pool (small or large): what a request of that pool could use. */
+typedef struct free_stats_s {
+  bool small;
+  uint64_t bytes, count, largest;
+} free_stats_t;
+
+static int free_segment(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  free_stats_t* f = arg;
+  if (seg->is_small != f->small) return 0;
+  for (size_t i = 0; i < seg->nblocks; i++) {
+    if (b[i].state != STASH_BLOCK_FREE) continue;
+    f->bytes += b[i].size;
+    f->count++;
+    if (b[i].size > f->largest) f->largest = b[i].size;
+  }
+  return 0;
+}
+
+#define MIB(x) ((double)(x) / 1048576.0)
+
 /* Replace out's layout by the heap's now. */
 static void take_layout(stash_heap_t* heap, replay_result_t* out, uint64_t event) {
   layout_ctx_t c = {0};
@@ -258,7 +278,28 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     }
     void* stream = streams[e->stream];
     if (e->op == TRACE_ALLOC) {
+      free_stats_t fs = {.small = e->size <= ((uint64_t)1 << 20)};
+      uint64_t res_before = 0;
+      if (opts->explain) {
+        res_before = stash_heap_reserved_bytes(heap);
+        stash_heap_visit(heap, free_segment, &fs);
+      }
       stash_status_t r = stash_heap_alloc(heap, e->size, stream, &ptrs[e->id]);
+      uint64_t res_after = opts->explain ? stash_heap_reserved_bytes(heap) : 0;
+      if (opts->explain && (r == STASH_ERR_OOM || res_after > res_before)) {
+        char what[96];
+        if (r == STASH_ERR_OOM)
+          snprintf(what, sizeof what, "out of memory at %.1f MiB reserved", MIB(res_before));
+        else
+          snprintf(what, sizeof what, "reserved %.1f -> %.1f MiB (+%.1f)", MIB(res_before),
+                   MIB(res_after), MIB(res_after - res_before));
+        fprintf(opts->explain,
+                "event %zu (line %llu): %.1f MiB on stream %u: %s; live before it %.1f MiB, "
+                "free %.1f MiB in %llu %s blocks, the largest %.1f MiB\n",
+                i + 1, (unsigned long long)e->line, MIB(e->size), (unsigned)e->stream, what,
+                MIB(live), MIB(fs.bytes), (unsigned long long)fs.count,
+                fs.small ? "small-pool" : "large-pool", MIB(fs.largest));
+      }
       if (r == STASH_ERR_OOM) {
         if (!out->ooms) {
           out->first_oom_line = e->line;

@@ -3,6 +3,7 @@
 #define STASH_REPLAY_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "stash.h"
 #include "stash_provider.h"
@@ -67,6 +68,9 @@ typedef struct replay_opts_s {
   bool driver_check;    /* with cuda: compare the driver's memory in use with reserved */
   bool series;          /* record live and reserved bytes after every event */
   bool layout;          /* keep the heap's layout at the peak */
+  /* If set: one line here for every allocation that made reserved bytes grow (or ran out of
+   * memory), with the free memory of its pool just before it - why it did not fit. */
+  FILE* explain;
   /* Called now and then with the events done so far (e.g. a progress bar). */
   void (*progress)(uint64_t done, uint64_t total, void* arg);
   void* progress_arg;

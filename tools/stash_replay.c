@@ -52,6 +52,10 @@ static void usage(FILE* f) {
           "  --html FILE      also write a self-contained HTML page: per configuration, live\n"
           "                   and reserved bytes over the trace and the memory at the peak\n"
           "  --series N       with --json: add live and reserved bytes over the trace, N points\n"
+          "  --explain FILE   write there, per trace and configuration, every allocation that\n"
+          "                   made reserved bytes grow (or ran out of memory): its size, reserved\n"
+          "                   before and after, live bytes, and the free blocks of its pool just\n"
+          "                   before it (how many, how much, the largest): why it did not fit\n"
           "  -h, --help       this text\n"
           "\n"
           "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash and\n"
@@ -231,6 +235,7 @@ int main(int argc, char** argv) {
   replay_opts_t opts = {0};
   bool json = false;
   const char* html_path = NULL;
+  const char* explain_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -240,7 +245,7 @@ int main(int argc, char** argv) {
       json = true;
     } else if (!strcmp(a, "--driver-check")) {
       opts.driver_check = true;
-    } else if (!strcmp(a, "--html") || !strcmp(a, "--series")) {
+    } else if (!strcmp(a, "--html") || !strcmp(a, "--series") || !strcmp(a, "--explain")) {
       if (i + 1 >= argc) {
         fprintf(stderr, "stash-replay: %s needs a value\n", a);
         return 2;
@@ -248,6 +253,8 @@ int main(int argc, char** argv) {
       const char* v = argv[++i];
       if (!strcmp(a, "--html")) {
         html_path = v;
+      } else if (!strcmp(a, "--explain")) {
+        explain_path = v;
       } else if (!trace_parse_size(v, &g_series_points) || g_series_points == 0 ||
                  g_series_points > 10000000) {
         fprintf(stderr, "stash-replay: --series: '%s' is not a number of points (1..10000000)\n", v);
@@ -343,6 +350,13 @@ int main(int argc, char** argv) {
     opts.series = opts.layout = true;
   }
   if (g_series_points) opts.series = true;
+  if (explain_path) {
+    opts.explain = !strcmp(explain_path, "-") ? stderr : fopen(explain_path, "w");
+    if (!opts.explain) {
+      fprintf(stderr, "stash-replay: --explain: cannot write '%s'\n", explain_path);
+      return 2;
+    }
+  }
   progress_t bar = {NULL, -1};
   bool tty = isatty(2);
   int rc = 0;
@@ -361,6 +375,7 @@ int main(int argc, char** argv) {
       bar.last = -1;
       opts.progress = tty && t.nevents >= 200000 ? progress_cb : NULL;
       opts.progress_arg = &bar;
+      if (opts.explain) fprintf(opts.explain, "# %s under %s\n", t.name, confs[c]);
       stash_status_t st = replay_run(&t, &parsed[c], &opts, &results[c]);
       if (opts.progress) fprintf(stderr, "\r%*s\r", 80, "");
       ok[c] = st == STASH_OK;
@@ -393,6 +408,10 @@ int main(int argc, char** argv) {
     if (html) html_trace(html, &t, confs, results, ok, nconfs, best);
     for (int c = 0; c < nconfs; c++) replay_result_free(&results[c]);
     trace_free(&t);
+  }
+  if (opts.explain && opts.explain != stderr && fclose(opts.explain) != 0) {
+    fprintf(stderr, "stash-replay: --explain: error writing '%s'\n", explain_path);
+    rc = 1;
   }
   if (html) {
     html_end(html);
