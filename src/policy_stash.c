@@ -19,21 +19,25 @@
  * 192 MiB: fewer, larger pieces while memory climbs, the exact need otherwise.
  *
  * A large request (>= 256 MiB) that fits nowhere is *stitched* instead when the holes can
- * give at least a tenth of it: a fresh virtual range mapped onto physical allocations of
- * the large arena that are wholly free right now - in holes, the largest hole first, then
- * at the arena's free end - and, for what is still missing, new allocations of at most
- * 40 MiB each (1/64 of a request above 2.5 GiB), appended to the arena. (The driver maps
- * whole physical allocations only, never a part: tools/gpu/probe_map.txt. Small new pieces
- * are what lets later stitched ranges find whole free allocations in the holes that blocks
- * leave.) With less in the holes, the arena grows instead. The range's pages are lent to
- * it: while the stitched block lives, they are carved out of the arena as "phantom" blocks,
- * so the arena cannot hand them out twice; when it is freed they return to the arena. The
- * new allocations are mapped at the range only; at their place in the arena not before the
- * arena first hands out a block on them (arena_ready) - a range whose pages serve it turn
- * after turn never pays the second mapping. Stitched ranges stay mapped and serve later
- * requests of a similar size (at most twice as large) whenever their pages are free again -
- * so once a training loop repeats, every request finds the same memory as in the previous
- * iteration and no driver call is made.
+ * give at least a tenth of it in whole physical allocations: a fresh virtual range mapped
+ * onto physical allocations of the large arena that are wholly free right now - in holes,
+ * the largest hole first, then at the arena's free end - and, for what is still missing,
+ * new allocations of at most 128 MiB each (1/64 of a request above 8 GiB), appended to the
+ * arena. The driver maps whole physical allocations only, never a part
+ * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
+ * memory, it may begin with an allocation of which only the end is free (its "head": the
+ * free end of a hole that does not hold it whole) and end with one of which only the start
+ * is free (its "tail"), the block running from the head's free part to within the tail's -
+ * the largest such free parts in the arena, each of at least 2 MiB. The range's memory in
+ * use is lent to it: while the stitched block lives, it is carved out of the arena as
+ * "phantom" blocks, so the arena cannot hand it out twice; when it is freed it returns to
+ * the arena. New allocations are mapped at the range only; at their place in the arena not
+ * before the arena first hands out a block on them (arena_ready) - a range whose memory
+ * serves it turn after turn never pays the second mapping. Stitched ranges stay mapped and
+ * serve later requests of a similar size (at most twice as large) whenever their memory is
+ * free again, or, if blocks have since taken a little of one end, whenever the block fits
+ * a little further along - so once a training loop repeats, every request finds the same
+ * memory as in the previous iteration and no driver call is made.
  *
  * Turn replay: a training loop repeats its allocations turn after turn, but best fit alone
  * lets the layout drift (the blocks that live across a turn's start sit a little
@@ -41,8 +45,7 @@
  * blocks' allocations and frees; once a whole turn has repeated, a large request first
  * tries the address its counterpart got one turn earlier, if that memory is free now, and
  * only then best fit - so the layout, once it repeats, keeps repeating. Not with more than
- * one stream, nor while stitched ranges exist (there replay spoils the cached ranges and
- * costs memory: docs/policy-stash.md).
+ * one stream.
  *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
@@ -73,11 +76,12 @@
 #define kBurstMax ((size_t)192 << 20)       /* doubles the last one's size, up to this */
 #define kStitchMin ((size_t)256 << 20)      /* requests this large may be stitched */
 #define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them */
-#define kStitchPiece ((size_t)40 << 20)     /* new memory for a stitched range: allocations of
-                                               at most this, so that later ranges can reuse
-                                               them whole ... */
-#define kStitchPieces 64                    /* ... or of 1/64 of a request above 2.5 GiB */
-#define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation */
+#define kStitchPiece ((size_t)128 << 20)    /* new memory for a stitched range: allocations of
+                                               at most this (later ranges reuse them, whole
+                                               or as heads and tails) ... */
+#define kStitchPieces 64                    /* ... or of 1/64 of a request above 8 GiB */
+#define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation,
+                                            and a head or tail gives at least this */
 
 typedef struct sb_block_s sb_block;
 typedef struct sb_arena_s sb_arena;
@@ -154,7 +158,10 @@ struct sb_stitch_s {
   uint64_t va;
   size_t npages;
   size_t page;        /* the page size (the heap's granularity) */
-  uint32_t* homes;    /* large-arena page indices lent to it, ascending */
+  uint32_t* homes;    /* large-arena page indices mapped there, in order: the range's pages */
+  size_t offset;      /* where its block starts in the range (past the used part of a
+                         partly free first allocation) */
+  size_t lent_end;    /* the range's bytes [offset, lent_end) are lent (its block's room) */
   sb_block* user;     /* the live (or pending) block using it, or NULL */
 };
 
@@ -613,7 +620,16 @@ undo:
   return st;
 }
 
-/* Give back the physical allocations lying wholly in the free end of an arena. */
+/* Whether a stitched range maps any of pages [first, first + n) of the large arena. */
+static bool mapped_by_a_range(const sb_state* s, size_t first, size_t n) {
+  for (const sb_stitch* x = s->stitches; x; x = x->next_st)
+    for (size_t i = 0; i < x->npages; i++)
+      if (x->homes[i] >= first && x->homes[i] < first + n) return true;
+  return false;
+}
+
+/* Give back the physical allocations lying wholly in the free end of an arena (and mapped
+ * by no stitched range: one whose unmap failed keeps its memory). */
 static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
   sb_state* s = S(h);
   while (a->nhandles) {
@@ -622,6 +638,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     uint64_t start = a->base + hd->first_page * G;
     size_t bytes = hd->npages * G;
     if (!t || t->kind != K_FREE || t->ptr > start) return STASH_OK;
+    if (!a->small && mapped_by_a_range(s, hd->first_page, hd->npages)) return STASH_OK;
     stash_status_t st = hd->access == H_UNMAPPED ? STASH_OK : PCALL(h, unmap, h->device, start, bytes);
     if (st != STASH_OK) return prov_fail(h, st, "unmap memory");
     stash_status_t released = PCALL(h, phys_release, h->device, hd->handle);
@@ -728,20 +745,68 @@ static sb_block* best_fit(sb_arena* a, size_t size, uint32_t slot) {
     i_ = j_;                                                                   \
   }
 
-/* Whether every home page of st is free for stream slot `slot` now. */
+/* The large arena's bytes st lends, [offset, lent_end) of the range through its pages: call
+ * the body with each run [run_at, run_at + run_len) of consecutive arena bytes. */
+#define FOR_LENT(a, st, ...)                                                              \
+  for (size_t lo_ = (st)->offset; lo_ < (st)->lent_end;) {                               \
+    size_t i_ = lo_ / G, j_ = i_ + 1;                                                    \
+    while (j_ * G < (st)->lent_end && (st)->homes[j_] == (st)->homes[j_ - 1] + 1) j_++;  \
+    size_t hi_ = j_ * G < (st)->lent_end ? j_ * G : (st)->lent_end;                      \
+    uint64_t run_at = (a)->base + (uint64_t)(st)->homes[i_] * G + (lo_ - i_ * G);        \
+    size_t run_len = hi_ - lo_;                                                          \
+    __VA_ARGS__;                                                                         \
+    lo_ = hi_;                                                                           \
+  }
+
+/* Whether all the memory st lends is free for stream slot `slot` now. */
 static bool stitch_available(stash_heap_t* h, const sb_stitch* st, uint32_t slot) {
   sb_arena* a = &S(h)->arenas[1];
   bool ok = true;
-  FOR_RUNS(st, {
-    sb_block* b = free_containing(a, a->base + run_first * G, run_pages * G);
+  FOR_LENT(a, st, {
+    sb_block* b = free_containing(a, run_at, run_len);
     if (!b || !tag_ok(b, slot)) ok = false;
   });
   return ok;
 }
 
-static size_t stitch_runs(const sb_stitch* st) {
+/* The longest run [*lo, *hi) of st's range whose memory in the large arena is free for
+ * stream slot `slot` now (to 512 bytes): where blocks have since taken an edge of a cached
+ * range's span, its block may still fit a little further along. */
+static void stitch_free_run(stash_heap_t* h, const sb_stitch* st, uint32_t slot, size_t* lo,
+                            size_t* hi) {
+  sb_arena* a = &S(h)->arenas[1];
+  size_t best_lo = 0, best_hi = 0, run_lo = 0;
+  bool in = false;
+  for (size_t p = 0; p < st->npages; p++) {
+    uint64_t at = a->base + (uint64_t)st->homes[p] * G;
+    size_t r = p * G;
+    sb_block* f = free_containing(a, at, 1); /* the free block holding the page's first byte */
+    if (f && !tag_ok(f, slot)) f = NULL;
+    if (f && f->ptr + f->size >= at + G) { /* the whole page */
+      if (!in) run_lo = r;
+      in = true;
+      continue;
+    }
+    if (in) { /* the run ends in this page */
+      size_t end = r + (f ? (size_t)(f->ptr + f->size - at) : 0);
+      if (end - run_lo > best_hi - best_lo) best_lo = run_lo, best_hi = end;
+      in = false;
+    }
+    sb_block* l = free_containing(a, at + G - kMinBlock, kMinBlock); /* and its last bytes */
+    if (l && tag_ok(l, slot) && l->ptr > at) {
+      in = true;
+      run_lo = r + (size_t)(l->ptr - at);
+    }
+  }
+  if (in && st->npages * G - run_lo > best_hi - best_lo) best_lo = run_lo, best_hi = st->npages * G;
+  *lo = best_lo;
+  *hi = best_hi;
+}
+
+static size_t stitch_runs(stash_heap_t* h, const sb_stitch* st) {
+  sb_arena* a = &S(h)->arenas[1];
   size_t n = 0;
-  FOR_RUNS(st, { (void)run_first; (void)run_pages; n++; });
+  FOR_LENT(a, st, { (void)run_at; (void)run_len; n++; });
   return n;
 }
 
@@ -750,7 +815,7 @@ static size_t stitch_runs(const sb_stitch* st) {
 static stash_status_t stitch_lend(stash_heap_t* h, sb_stitch* st) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[1];
-  size_t runs = stitch_runs(st);
+  size_t runs = stitch_runs(h, st);
   sb_block* spare[3 * 64];
   sb_block** meta = runs <= 64 ? spare : malloc(3 * runs * sizeof *meta);
   if (!meta) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
@@ -763,10 +828,9 @@ static stash_status_t stitch_lend(stash_heap_t* h, sb_stitch* st) {
     }
   }
   size_t r = 0;
-  FOR_RUNS(st, {
-    uint64_t at = a->base + run_first * G;
-    sb_block* b = free_containing(a, at, run_pages * G);
-    sb_block* ph = carve(s, b, at, run_pages * G, meta[3 * r], meta[3 * r + 1]);
+  FOR_LENT(a, st, {
+    sb_block* b = free_containing(a, run_at, run_len);
+    sb_block* ph = carve(s, b, run_at, run_len, meta[3 * r], meta[3 * r + 1]);
     block_delete(s, meta[3 * r + 2]);
     ph->kind = K_PHANTOM;
     ph->stitch = st;
@@ -913,17 +977,63 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
   return STASH_OK;
 }
 
+/* A physical allocation only partly free that can still start or end a stitched range:
+ * under the start of a free block, one that begins before the block and ends inside it (its
+ * free part: from the block's start to its end); or under a free block's end, one that
+ * begins inside the block and ends after it (from its start to the block's end). */
+typedef struct sb_edge_s {
+  bool found;
+  size_t handle; /* index in the large arena's allocations */
+  size_t bytes;  /* its free part */
+} sb_edge;
+
+/* The edge allocation with the largest free part (at least kStitchMinRun) among the large
+ * arena's free blocks usable by stream slot `slot`: a head (start) or a tail (end), not
+ * allocation `other`. */
+static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t other) {
+  sb_arena* a = &S(h)->arenas[1];
+  sb_edge best = {false, 0, 0};
+  for (sb_block* b = a->first; b; b = b->next) {
+    if (b->kind != K_FREE || !tag_ok(b, slot) || b->size < kStitchMinRun) continue;
+    uint64_t end = b->ptr + b->size;
+    size_t i = handle_after(a, (size_t)((head ? b->ptr : end - 1) - a->base) / G);
+    if (i >= a->nhandles || i == other) continue;
+    uint64_t hs = a->base + a->handles[i].first_page * G, he = hs + a->handles[i].npages * G;
+    size_t bytes = 0;
+    if (head && hs < b->ptr && he <= end) bytes = (size_t)(he - b->ptr);
+    if (!head && hs >= b->ptr && he > end) bytes = (size_t)(end - hs);
+    if (bytes >= kStitchMinRun && bytes > best.bytes) best = (sb_edge){true, i, bytes};
+  }
+  return best;
+}
+
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
  * free, else a new one if the holes give enough of it; else *out = NULL: grow the arena. */
 static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
                                    sb_stitch** out) {
   sb_state* s = S(h);
-  size_t n = (size + G - 1) / G;
+  sb_arena* a = &s->arenas[1];
   sb_stitch* best = NULL;
   for (sb_stitch* st = s->stitches; st; st = st->next_st) {
-    if (st->user || st->npages < n || st->npages * G > 2 * size + G) continue;
-    if (best && st->npages >= best->npages) continue;
+    size_t room = st->lent_end - st->offset;
+    if (st->user || room < size || room > 2 * size + G) continue;
+    if (best && room >= best->lent_end - best->offset) continue;
     if (stitch_available(h, st, slot)) best = st;
+  }
+  for (sb_stitch* st = s->stitches; st && !best; st = st->next_st) {
+    /* none free as it was: one whose block fits further along (its span moved) */
+    size_t lo = 0, hi = 0, offset = st->offset, lent_end = st->lent_end;
+    if (st->user || st->npages * G < size || st->npages * G > 2 * size + 2 * G) continue;
+    stitch_free_run(h, st, slot, &lo, &hi);
+    if (hi - lo < size) continue;
+    st->offset = lo;
+    st->lent_end = lo + size;
+    if (stitch_available(h, st, slot)) {
+      best = st;
+    } else {
+      st->offset = offset;
+      st->lent_end = lent_end;
+    }
   }
   if (best) {
     stash_status_t r = stitch_lend(h, best);
@@ -931,23 +1041,51 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     *out = best;
     return STASH_OK;
   }
-  sb_stitch* st = calloc(1, sizeof *st);
-  uint32_t* homes = malloc(n * sizeof *homes);
-  if (!st || !homes) {
-    free(st);
+  /* A new range: whole free allocations from the holes, then from the arena's free end, then
+   * new ones. When it would take new memory, it may start with the free end of a partly free
+   * allocation (a head) and end in the free start of another (a tail), to take less: the
+   * block runs from the head's free part to within the tail's. */
+  size_t need = (size + G - 1) / G;
+  uint32_t* homes = malloc(need * sizeof *homes);
+  if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  size_t got = stitch_from_holes(h, slot, need, homes);
+  if (got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
     free(homes);
-    return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-  }
-  size_t got = stitch_from_holes(h, slot, n, homes);
-  if (got < (n + kStitchHoleShare - 1) / kStitchHoleShare) {
-    free(homes);
-    free(st);
     *out = NULL;
     return STASH_OK;
   }
+  size_t at_end = got;
+  if (a->last && a->last->kind == K_FREE && tag_ok(a->last, slot))
+    take_whole_handles(h, a->last, need, homes, &at_end);
+  sb_edge hd = {false, 0, 0}, tl = {false, 0, 0};
+  if (at_end < need) {
+    hd = stitch_edge(h, slot, true, SIZE_MAX);
+    tl = stitch_edge(h, slot, false, hd.found ? hd.handle : SIZE_MAX);
+    if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
+    if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
+  }
+  size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
+  size_t lead = hd.found ? a->handles[hd.handle].npages : 0;
+  size_t trail = tl.found ? a->handles[tl.handle].npages : 0;
+  size_t mid = (size - head_b - (tail_b < size - head_b ? tail_b : size - head_b) + G - 1) / G;
+  size_t n = lead + mid + trail;
+  sb_stitch* st = calloc(1, sizeof *st);
+  uint32_t* all = n > need ? realloc(homes, n * sizeof *homes) : homes;
+  if (!st || !all) {
+    free(st);
+    free(all ? all : homes);
+    return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+  }
+  homes = all;
+  if (lead || trail) got = stitch_from_holes(h, slot, mid, homes + lead); /* fewer, shifted */
+  for (size_t p = 0; p < lead; p++) homes[p] = (uint32_t)(a->handles[hd.handle].first_page + p);
+  for (size_t p = 0; p < trail; p++)
+    homes[lead + mid + p] = (uint32_t)(a->handles[tl.handle].first_page + p);
   st->homes = homes;
   st->npages = n;
   st->page = G;
+  st->offset = lead * G - head_b;
+  st->lent_end = trail ? st->offset + size : n * G;
   stash_status_t r = STASH_OK;
   if (s->stitch_va + n * G > s->stitch_va_end) {
     size_t span = round_up(4 * h->device_total, G);
@@ -955,7 +1093,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     r = va_reserve(h, span, &s->stitch_va);
     if (r == STASH_OK) s->stitch_va_end = s->stitch_va + span;
   }
-  if (r == STASH_OK) r = stitch_pick(h, slot, n, got, homes);
+  if (r == STASH_OK) r = stitch_pick(h, slot, mid, got, homes + lead);
   if (r == STASH_OK) {
     st->va = s->stitch_va;
     s->stitch_va += n * G + G; /* taken even if mapping fails: a failed unmap may hold it */
@@ -986,13 +1124,13 @@ static stash_status_t release_cache(stash_heap_t* h);
 
 /* One attempt: a cached block, a stitched block, or a grown arena. */
 /* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
- * if that memory is free now (one stream, no stitched range). NULL otherwise, or, with
+ * if that memory is free now (one stream). NULL otherwise, or, with
  * *st set, when the host is out of memory. */
 static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
                         stash_status_t* st) {
   sb_state* s = S(h);
   uint64_t off = 0;
-  if (s->nstreams > 1 || s->stitches || !_stash_loop_hint(&s->loop, size, &off)) return NULL;
+  if (s->nstreams > 1 || !_stash_loop_hint(&s->loop, size, &off)) return NULL;
   uint64_t at = a->base + off;
   sb_block* fb = free_containing(a, at, size);
   if (!fb || !tag_ok(fb, slot)) return NULL;
@@ -1035,7 +1173,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     if (r != STASH_OK) return r;
     if (!st) goto grow;
     ub->kind = K_USER;
-    ub->ptr = st->va;
+    ub->ptr = st->va + st->offset;
     ub->size = size;
     ub->stitch = st;
     st->user = ub;
@@ -1372,14 +1510,17 @@ static int visit_one(const sb_seg_ref* r, stash_visit_fn fn, void* arg,
     return fn(&si, *infos, arg);
   }
   sb_stitch* x = r->stitch;
-  stash_block_info_t bi[2];
+  stash_block_info_t bi[3];
   size_t n = 0, span = x->npages * x->page;
   if (x->user) {
-    bi[n++] = (stash_block_info_t){(uintptr_t)x->va, x->user->size, x->user->requested,
-                                   state_of(x->user), x->user->stream};
-    if (x->user->size < span)
-      bi[n++] = (stash_block_info_t){(uintptr_t)(x->va + x->user->size), span - x->user->size,
-                                     0, STASH_BLOCK_ALIAS, NULL};
+    size_t end = x->offset + x->user->size;
+    if (x->offset)
+      bi[n++] = (stash_block_info_t){(uintptr_t)x->va, x->offset, 0, STASH_BLOCK_ALIAS, NULL};
+    bi[n++] = (stash_block_info_t){(uintptr_t)(x->va + x->offset), x->user->size,
+                                   x->user->requested, state_of(x->user), x->user->stream};
+    if (end < span)
+      bi[n++] = (stash_block_info_t){(uintptr_t)(x->va + end), span - end, 0, STASH_BLOCK_ALIAS,
+                                     NULL};
   } else {
     bi[n++] = (stash_block_info_t){(uintptr_t)x->va, span, 0, STASH_BLOCK_ALIAS, NULL};
   }
@@ -1496,21 +1637,43 @@ static stash_status_t sb_check(stash_heap_t* h) {
     if (nfree != a->by_addr.count || nfree != nsize) FAIL("the free sets are out of date");
   }
   for (sb_stitch* x = s->stitches; x; x = x->next_st) {
-    for (size_t i = 1; i < x->npages; i++)
-      if (x->homes[i] <= x->homes[i - 1]) FAIL("a stitched range's pages are not ascending");
+    if (x->offset >= x->lent_end || x->lent_end > x->npages * G || x->offset % kMinBlock)
+      FAIL("a stitched range lends a bad span");
+    {
+      size_t npg = s->arenas[1].mapped / G;
+      uint8_t* seen = calloc(npg / 8 + 1, 1);
+      if (!seen) return _stash_error(STASH_ERR_HOST_OOM, "check: out of host memory");
+      bool twice = false, outside = false;
+      for (size_t i = 0; i < x->npages; i++) {
+        uint32_t pg = x->homes[i];
+        if (pg >= npg) {
+          outside = true;
+          break;
+        }
+        twice |= (seen[pg / 8] >> (pg % 8)) & 1;
+        seen[pg / 8] |= (uint8_t)(1u << (pg % 8));
+      }
+      free(seen);
+      if (outside) FAIL("a stitched range maps a page outside the arena");
+      if (twice) FAIL("a stitched range maps a page twice");
+    }
     if (x->user) {
       sb_block* u = x->user;
-      if (u->kind != K_USER || u->stitch != x || u->size > x->npages * G) FAIL("a bad stitched block");
+      if (u->kind != K_USER || u->stitch != x || u->ptr != x->va + x->offset ||
+          x->offset + u->size > x->lent_end)
+        FAIL("a bad stitched block");
       if (!count_user(s, &n, STASH_STAT_LARGE, u, &live)) FAIL("a live block is not in the map");
-      /* each home page lies in one of its phantoms */
+      /* all it lends lies in its phantoms */
       sb_arena* a = &s->arenas[1];
-      for (size_t i = 0; i < x->npages; i++) {
-        uint64_t at = a->base + (uint64_t)x->homes[i] * G;
+      bool carved = true;
+      FOR_LENT(a, x, {
         bool found = false;
         for (sb_block* b = a->first; b && !found; b = b->next)
-          found = b->kind == K_PHANTOM && b->stitch == x && b->ptr <= at && at + G <= b->ptr + b->size;
-        if (!found) FAIL("a lent page is not carved out of the arena");
-      }
+          found = b->kind == K_PHANTOM && b->stitch == x && b->ptr <= run_at &&
+                  run_at + run_len <= b->ptr + b->size;
+        carved &= found;
+      });
+      if (!carved) FAIL("lent memory is not carved out of the arena");
     }
   }
   if (live != s->allocated.count) FAIL("the address map holds stale entries");

@@ -425,11 +425,20 @@ static void layout(fixture_t* f, void* p[4], void* s) {
   quiet(f, s);
 }
 
+/* D's last 16 MiB taken too, by *fill: then no allocation is partly free (no stitched range
+ * can begin or end in one). */
+static void layout_full(fixture_t* f, void* p[4], void** fill, void* s) {
+  layout(f, p, s);
+  *fill = fx_alloc(f, 16 * MiB, s);
+  CHECK_EQ(U(*fill), U(p[3]) + 4 * MiB);
+  CHECK_EQ(STAT(f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
+}
+
 TEST(stitching_takes_whole_free_allocations_of_holes) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* p[4];
-  layout(&f, p, S1);
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1);
   size_t run = 0;
   uint64_t phys_a = phys_of(&f, p[0], &run);
   CHECK_EQ(run, 100 * MiB);
@@ -437,8 +446,8 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
   uint64_t calls = memory_calls(&f);
   void* x = fx_alloc(&f, 300 * MiB, S1); /* fits nowhere: stitched from A's and 200 new */
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
-  /* the new 200 MiB come in pieces of at most 40 MiB */
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 4 + 5);
+  /* the new 200 MiB come in pieces of at most 128 MiB */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 4 + 2);
   find_t q = find(&f, x);
   CHECK_EQ(q.state, STASH_BLOCK_ALLOCATED);
   CHECK(q.in_stitched); /* at an address of its own */
@@ -462,6 +471,7 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
   CHECK_EQ(memory_calls(&f), calls);
   fx_free(&f, x3);
   fx_free(&f, y);
+  fx_free(&f, fill);
   for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
   fx_close(&f);
 }
@@ -471,56 +481,111 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
 TEST(stitch_memory_is_mapped_in_the_arena_on_first_use) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* p[4];
-  layout(&f, p, S1);
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1);
   fx_free(&f, p[0]); /* a 100 MiB hole */
   uint64_t maps = stash_sim_calls(f.sim, STASH_CALL_map);
   uint64_t access = stash_sim_calls(f.sim, STASH_CALL_set_access);
-  void* x = fx_alloc(&f, 300 * MiB, S1); /* stitched from A and 200 MiB new, in 5 pieces */
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* stitched from A and 200 MiB new: 128 + 72 */
   CHECK(find(&f, x).in_stitched);
-  /* A (1 piece) and the 5 new ones, each mapped once, at the range; one access call */
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 6);
+  /* A and the 2 new pieces, each mapped once, at the range; one access call */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 3);
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_set_access) - access, 1);
   fx_free(&f, x);
-  /* the arena's free end is now the 200 MiB never mapped there (and D's free 16): a block
-   * over it maps the pieces it lies on, and only those */
+  /* the arena's free end is now the 200 MiB never mapped there: a block over it maps the
+   * pieces it lies on, and only those */
   maps = stash_sim_calls(f.sim, STASH_CALL_map);
-  void* y = fx_alloc(&f, 150 * MiB, S1); /* after D: D's 16 MiB free, then 134 of the new */
-  CHECK_EQ(U(y), U(p[3]) + 4 * MiB);
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 4); /* 4 of the 5 pieces */
+  void* y = fx_alloc(&f, 150 * MiB, S1); /* after D: all of the 128 MiB piece, 22 of the next */
+  CHECK_EQ(U(y), U(p[3]) + 20 * MiB);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 2);
   size_t run = 0;
-  phys_of(&f, (char*)y + 149 * MiB, &run); /* mapped where the new memory begins, too */
+  phys_of(&f, (char*)y + 149 * MiB, &run); /* mapped in the second piece, too */
   CHECK(run >= MiB);
-  void* x2 = fx_alloc(&f, 300 * MiB, S1); /* the range's pages are taken: a new one */
+  void* x2 = fx_alloc(&f, 300 * MiB, S1); /* the range's memory is taken: a new one */
   CHECK(U(x2) != U(x));
   CHECK(!phys_overlap(&f, x2, 300 * MiB, y, 150 * MiB));
   CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, x2);
   fx_free(&f, y);
+  fx_free(&f, fill);
   for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
   CHECK_OK(stash_heap_empty_cache(f.heap)); /* gives back mapped and unmapped pieces alike */
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 0);
   fx_close(&f);
 }
 
-TEST(stitching_never_maps_part_of_an_allocation) {
+/* The driver maps whole physical allocations only: a range maps A whole when only its second
+ * half is free, and its block uses that half alone (a head). */
+TEST(stitching_maps_whole_allocations_and_uses_their_free_part) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* p[4];
-  layout(&f, p, S1);
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1);
   fx_free(&f, p[0]);
   fx_free(&f, p[2]);
   void* a1 = fx_alloc(&f, 50 * MiB, S1); /* A's allocation is half used: not whole */
   CHECK_EQ(U(a1), U(p[0]));
-  void* x = fx_alloc(&f, 300 * MiB, S1); /* C's 100 MiB, whole, and 200 new */
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* A's free half, C's 100 MiB whole, 150 new */
   CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
-  CHECK(phys_overlap(&f, x, 300 * MiB, p[2], 100 * MiB));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 400 * (int64_t)MiB);
+  CHECK_EQ(phys_of(&f, x, NULL), phys_of(&f, (char*)p[0] + 50 * MiB, NULL)); /* starts there */
   CHECK(!phys_overlap(&f, x, 300 * MiB, a1, 50 * MiB));
-  CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB)); /* not even A's free half */
+  CHECK(phys_overlap(&f, x, 300 * MiB, p[2], 100 * MiB));
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 300 * MiB); /* A's used half is not lent */
+  CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, x);
   fx_free(&f, a1);
+  fx_free(&f, fill);
   fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
+  fx_close(&f);
+}
+
+/* A range may begin in an allocation of which only the end is free (a head) and end in one
+ * of which only the start is free (a tail): here A's last 60 MiB, B whole, new memory, C's
+ * first 30 MiB. It serves the same request again without a provider call - and also once a
+ * block has taken the head's first 1.5 MiB, its block then starting that much further on. */
+TEST(stitching_begins_and_ends_in_partly_free_allocations) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);
+  fx_free(&f, p[2]);
+  void* c0 = fx_alloc(&f, 30 * MiB, S1); /* C's start ... */
+  void* c1 = fx_alloc(&f, 70 * MiB, S1); /* ... and the rest */
+  CHECK_EQ(U(c0), U(p[2]));
+  CHECK_EQ(U(c1), U(p[2]) + 30 * MiB);
+  fx_free(&f, c0);                       /* C: only its first 30 MiB free */
+  fx_free(&f, p[0]);
+  void* a1 = fx_alloc(&f, 40 * MiB, S1); /* A: only its last 60 MiB free */
+  CHECK_EQ(U(a1), U(p[0]));
+  fx_free(&f, p[1]);                     /* one hole: A's 60, B's 30 (whole), C's 30 */
+  size_t size = 294 * MiB + 16 * KiB;    /* 60 + 30 + 206 new (103 pages) + 28 of C's 30 */
+  void* x = fx_alloc(&f, size, S1);
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (250 + 176) * (int64_t)MiB); /* B's 30 and 176 new */
+  CHECK_EQ(phys_of(&f, x, NULL), phys_of(&f, (char*)p[0] + 40 * MiB, NULL));
+  CHECK_EQ(phys_of(&f, (char*)x + size - 1, NULL), phys_of(&f, (char*)p[2] + size - 1 - 266 * MiB, NULL));
+  CHECK(!phys_overlap(&f, x, size, a1, 40 * MiB));
+  CHECK(!phys_overlap(&f, x, size, c1, 70 * MiB));
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), size); /* exactly its bytes */
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x);
+  uint64_t calls = memory_calls(&f);
+  void* x2 = fx_alloc(&f, size, S1); /* the same range */
+  CHECK_EQ(U(x2), U(x));
+  fx_free(&f, x2);
+  void* k = fx_alloc(&f, 1536 * KiB, S1); /* best fit: the hole, at its start */
+  CHECK_EQ(U(k), U(p[0]) + 40 * MiB);
+  void* x3 = fx_alloc(&f, size, S1); /* the range again, 1.5 MiB further along */
+  CHECK_EQ(U(x3), U(x) + 1536 * KiB);
+  CHECK_EQ(memory_calls(&f), calls);
+  CHECK_EQ(phys_of(&f, x3, NULL), phys_of(&f, k, NULL) + 1536 * KiB); /* right after k */
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x3);
+  fx_free(&f, k);
+  fx_free(&f, a1);
+  fx_free(&f, c1);
   fx_free(&f, p[3]);
   fx_close(&f);
 }
@@ -560,8 +625,10 @@ TEST(a_huge_request_comes_in_few_pieces) {
   fx_free(&f, x); /* a hole of 16 whole allocations */
   void* z = fx_alloc(&f, 12 * GiB, S1); /* stitched: the hole's 8 GiB, and 4 GiB new */
   CHECK(find(&f, z).in_stitched);
-  /* the new 4 GiB in pieces of 1/64 of the request (192 MiB), not of 40 MiB (103 pieces) */
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 22);
+  /* y's growth came in a burst (192 MiB): its free 162 MiB start the range (a head); the
+   * other 3934 MiB are new, in pieces of 1/64 of the request (192 MiB), not of 128 MiB */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 21);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(8 * GiB + 192 * MiB + 3934 * MiB));
   fx_free(&f, z);
   fx_free(&f, y);
   fx_close(&f);
@@ -603,8 +670,8 @@ TEST(growth_in_a_burst_takes_larger_steps) {
 TEST(stitching_respects_streams) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* p[4];
-  layout(&f, p, S1);
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1);
   fx_free(&f, p[2]); /* C: S1's until an event on S1 completes ... */
   fx_free(&f, fx_alloc(&f, 1000, S2)); /* (S2 allocates: an event on S1 closes S1's epoch) */
   stash_sim_complete(f.sim, S1);
@@ -632,6 +699,7 @@ TEST(stitching_respects_streams) {
   CHECK(phys_overlap(&f, x, 300 * MiB, y, 300 * MiB));
   fx_free(&f, y);
   fx_free(&f, t);
+  fx_free(&f, fill);
   fx_free(&f, p[1]);
   fx_free(&f, p[3]);
   fx_close(&f);
@@ -640,8 +708,8 @@ TEST(stitching_respects_streams) {
 TEST(empty_cache_unmaps_free_stitched_ranges) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* p[4];
-  layout(&f, p, S1);
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1);
   fx_free(&f, p[0]);
   void* x = fx_alloc(&f, 300 * MiB, S1);
   fx_free(&f, x);
@@ -649,11 +717,12 @@ TEST(empty_cache_unmaps_free_stitched_ranges) {
   CHECK_OK(stash_heap_empty_cache(f.heap));
   CHECK(stash_sim_calls(f.sim, STASH_CALL_unmap) > unmaps);
   CHECK_EQ(find(&f, x).state, -1); /* the range is gone */
-  /* the arena's free end (the 200 MiB of new pieces and D's) is given back; A's stays */
+  /* the arena's free end (the 200 MiB of new pieces) is given back; A's stays */
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
   void* y = fx_alloc(&f, 300 * MiB, S1); /* and stitching works again */
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
   fx_free(&f, y);
+  fx_free(&f, fill);
   for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
   fx_close(&f);
 }
@@ -704,7 +773,8 @@ int main(void) {
   RUN(memory_fraction_limits_reserved);
   RUN(stitching_takes_whole_free_allocations_of_holes);
   RUN(stitch_memory_is_mapped_in_the_arena_on_first_use);
-  RUN(stitching_never_maps_part_of_an_allocation);
+  RUN(stitching_maps_whole_allocations_and_uses_their_free_part);
+  RUN(stitching_begins_and_ends_in_partly_free_allocations);
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(a_huge_request_comes_in_few_pieces);
