@@ -916,12 +916,8 @@ static void take_whole_handles(stash_heap_t* h, const sb_block* b, size_t n, uin
                                size_t* got) {
   sb_arena* a = &S(h)->arenas[1];
   size_t lo = (size_t)(b->ptr - a->base + G - 1) / G, hi = (size_t)(b->ptr + b->size - a->base) / G;
-  size_t i = 0, j = a->nhandles; /* the first handle starting at or after lo */
-  while (i < j) {
-    size_t m = (i + j) / 2;
-    if (a->handles[m].first_page < lo) i = m + 1;
-    else j = m;
-  }
+  size_t i = handle_after(a, lo); /* the one holding page lo, or the first after it ... */
+  if (i < a->nhandles && a->handles[i].first_page < lo) i++; /* ... starting at or after lo */
   for (; i < a->nhandles && *got < n; i++) {
     const sb_handle* x = &a->handles[i];
     if (x->first_page + x->npages > hi) break;
