@@ -260,7 +260,8 @@ TEST(stash_stitches_holes_on_the_gpu) {
   CHECK(c != NULL);
   CHECK_EQ(st.num_alloc_retries, 1);                    /* no release was needed */
   /* ~no new memory: at most the two physical allocations (up to 192 MiB each) that the
-   * holes share with the separator, which a stitched range cannot take */
+   * holes share with the separator (a range begins and ends in them, using their free
+   * parts: none at all on the H200) */
   CHECK(st.reserved_bytes[0].current <= reserved + (int64_t)(2 * 192 * MiB));
   live_t l = {c, 2 * chunk, 0x5717C4EDu, NULL};
   CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)c, l.pattern, l.size / 4, NULL), CUDA_SUCCESS);
