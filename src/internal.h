@@ -124,6 +124,8 @@ typedef struct stash_loop_ev_s { /* one allocation or free */
   uint64_t code;   /* an allocation of some size, or the free of one made some events before */
   uint64_t offset; /* where an allocation went in the arena, or STASH_LOOP_NONE */
   int64_t live;    /* bytes allocated less bytes freed, after this event */
+  uint64_t size;   /* an allocation's bytes (0 for a free) ... */
+  uint64_t freed;  /* ... and the event that freed it (0 while it lives) */
 } stash_loop_ev_t;
 
 typedef struct stash_loop_s {
@@ -146,8 +148,16 @@ STASH_HIDDEN uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t o
 /* Record the free of allocation `id` (STASH_LOOP_NONE if it has none) of size bytes. */
 STASH_HIDDEN void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size);
 /* Whether the allocation of size bytes about to happen is the counterpart of one a turn
- * earlier, within a loop that has repeated a whole turn, and the offset that one got. */
+ * earlier (two turns, when that one still lives), within a loop that has repeated a whole
+ * turn, and the offset that one got. */
 STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset);
+/* Where the allocations that the one about to happen will live beside are likely to go:
+ * when it has a counterpart (as for _stash_loop_hint, whatever the offset that one got), the
+ * [offset, offset + size) of each allocation placed in the arena after the counterpart and
+ * before it was freed (at most one turn), written as pairs to out[0 .. *n), at most max of
+ * them. False when there is no counterpart. */
+STASH_HIDDEN bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2],
+                                       size_t max, size_t* n);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 

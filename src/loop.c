@@ -13,6 +13,11 @@
  * the bytes live now equal those live P events ago (a repeating layer of a forward pass
  * repeats its codes but keeps adding bytes: not a turn).
  *
+ * The forecast: each allocation also keeps its size and the event that freed it, so that for
+ * an allocation about to happen the policy can learn where the allocations that its
+ * counterpart lived beside went one turn earlier - where they will likely want to go again
+ * (the policy keeps a block whose own address is taken from landing there).
+ *
  * Memory: the last kHistoryMax events (a loop of more than that many large events is not
  * seen); a failed host allocation turns the detector off, which only ends the hints.
  */
@@ -57,7 +62,8 @@ static void disable(stash_loop_t* L) {
 static stash_loop_ev_t* at(const stash_loop_t* L, uint64_t e) { return &L->ev[e - L->base]; }
 
 /* Append an event; false when the host is out of memory (the detector is then off). */
-static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset) {
+static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset,
+                 uint64_t size) {
   if (L->n == kHistoryMax) { /* keep the newer half */
     size_t keep = kHistoryMax / 2;
     memmove(L->ev, L->ev + (L->n - keep), keep * sizeof *L->ev);
@@ -71,7 +77,7 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset)
     if (!L->table && !(L->table = calloc(kTableSize, sizeof *L->table))) return false;
   }
   int64_t live = (L->n ? L->ev[L->n - 1].live : 0) + delta;
-  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live};
+  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live, size, 0};
   return true;
 }
 
@@ -107,7 +113,7 @@ static void detect(stash_loop_t* L, uint64_t e) {
 
 uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
   if (L->disabled) return STASH_LOOP_NONE;
-  if (!push(L, alloc_code(size), (int64_t)size, offset)) {
+  if (!push(L, alloc_code(size), (int64_t)size, offset, size)) {
     disable(L);
     return STASH_LOOP_NONE;
   }
@@ -122,19 +128,52 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
   /* An allocation recorded before the detector failed (STASH_LOOP_NONE) has no age: a
    * code no allocation of the loop can have ends any proposal. */
   uint64_t code = id < e ? free_code(e - id) : mix(UINT64_MAX);
-  if (!push(L, code, -(int64_t)size, STASH_LOOP_NONE)) {
+  if (id < e && id >= L->base) at(L, id)->freed = e;
+  if (!push(L, code, -(int64_t)size, STASH_LOOP_NONE, 0)) {
     disable(L);
     return;
   }
   detect(L, e);
 }
 
-bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset) {
+/* The counterpart of the allocation of size bytes about to happen, within a loop that has
+ * repeated a whole turn and at the point of the turn where live bytes equal those a turn
+ * before: the allocation one turn earlier, or two turns earlier when the one a turn earlier
+ * still lives (a block that outlives a turn cannot have its predecessor's memory: the layout
+ * repeats every two turns); NULL otherwise. */
+static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
-  if (L->disabled || !p || L->run < p || e - L->base <= p) return false;
-  if (at(L, e - 1)->live != at(L, e - 1 - p)->live) return false; /* not a turn */
+  if (L->disabled || !p || L->run < p || e - L->base <= p) return NULL;
+  if (at(L, e - 1)->live != at(L, e - 1 - p)->live) return NULL; /* not a turn */
   const stash_loop_ev_t* x = at(L, e - p);
-  if (x->code != alloc_code(size) || x->offset == STASH_LOOP_NONE) return false;
+  if (x->code != alloc_code(size)) return NULL;
+  if (!x->freed && e - L->base > 2 * p) { /* it lives on: its memory is taken */
+    const stash_loop_ev_t* y = at(L, e - 2 * p);
+    if (y->code == x->code && y->freed) return y;
+  }
+  return x;
+}
+
+bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset) {
+  const stash_loop_ev_t* x = counterpart(L, size);
+  if (!x || x->offset == STASH_LOOP_NONE) return false;
   *offset = x->offset;
+  return true;
+}
+
+bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2], size_t max,
+                          size_t* n) {
+  const stash_loop_ev_t* x = counterpart(L, size);
+  *n = 0;
+  if (!x) return false;
+  uint64_t e = L->base + L->n, from = L->base + (uint64_t)(x - L->ev) + 1;
+  uint64_t to = x->freed && x->freed < e ? x->freed : e; /* the counterpart's life, this far */
+  for (uint64_t j = from; j < to && *n < max; j++) {
+    const stash_loop_ev_t* y = at(L, j);
+    if (y->size && y->offset != STASH_LOOP_NONE) {
+      out[*n][0] = y->offset;
+      out[(*n)++][1] = y->size;
+    }
+  }
   return true;
 }

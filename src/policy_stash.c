@@ -73,13 +73,20 @@
                                               more often wholly free, for stitching) ... */
 #define kLargePieces 16                     /* ... or of 1/16 of a request above 3 GiB */
 #define kBurstAllocs 20                     /* a growth this few allocations after the last */
-#define kBurstMax ((size_t)192 << 20)       /* doubles the last one's size, up to this */
-#define kStitchMin ((size_t)256 << 20)      /* requests this large may be stitched */
-#define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them */
-#define kStitchPiece ((size_t)128 << 20)    /* new memory for a stitched range: allocations of
-                                               at most this (later ranges reuse them, whole
-                                               or as heads and tails) ... */
-#define kStitchPieces 64                    /* ... or of 1/64 of a request above 8 GiB */
+#define kBurstMax ((size_t)192 << 20)       /* doubles the last one's size, up to this (until
+                                               live bytes first fall to half their peak) */
+#define kPhaseMinPeak ((size_t)256 << 20)   /* live-byte phases count from a peak this large: */
+#define kQuietShare 4                       /* below 1/this of the peak, first fit */
+#define kFirstFitTries 256                  /* free blocks first fit looks at, at most */
+#define kStitchMin ((size_t)128 << 20)      /* requests this large may be stitched ... */
+#define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them in
+                                               whole allocations, or at least half with the
+                                               best head and tail */
+#define kStitchPiece ((size_t)1 << 30)      /* new memory for a stitched range: one allocation
+                                               of at most this ... */
+#define kStitchPieces 64                    /* ... or of 1/64 of a request above 64 GiB */
+#define kForecastMax 512                    /* turn replay's fallback: allocations foreseen ... */
+#define kClearFitTries 64                   /* ... and fitting free blocks tried, at most */
 #define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation,
                                             and a head or tail gives at least this */
 
@@ -189,6 +196,9 @@ typedef struct sb_state_s {
   size_t ncached;
   size_t cached_bytes;
   stash_loop_t loop;   /* the large blocks' loop detector (loop.c), for turn replay */
+  uint64_t forecast[kForecastMax][2]; /* _stash_loop_forecast's answer: (offset, size) */
+  int64_t live_peak;   /* the most bytes ever allocated at once (not reset with the stats) */
+  bool dropped;        /* live bytes have fallen to half of live_peak once: no more bursts */
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
@@ -514,7 +524,7 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
   size_t step = exact ? 0 : a->grow_bytes / G;
-  if (!exact && !a->small && a->last_grow_pages &&
+  if (!exact && !a->small && !s->dropped && a->last_grow_pages &&
       s->nallocs - a->allocs_at_last_grow <= kBurstAllocs) {
     size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
     if (burst > kBurstMax / G) burst = kBurstMax / G;
@@ -722,15 +732,41 @@ static stash_status_t arena_ready(stash_heap_t* h, sb_arena* a, uint64_t ptr, si
 
 /* ---- Finding blocks ----------------------------------------------------------------------- */
 
-/* The best free block of arena a for `size` bytes on stream slot `slot`: the smallest, then
- * the lowest, among the blocks any stream may use and the slot's own. */
-static sb_block* best_fit(sb_arena* a, size_t size, uint32_t slot) {
+/* The free blocks of arena a that hold `size` bytes for stream slot `slot`, best first: the
+ * smallest, then the lowest, among the blocks any stream may use and the slot's own. */
+typedef struct sb_fits_s {
+  bs_node_t* any;  /* in by_size[0] */
+  bs_node_t* own;  /* in by_size[slot] */
+} sb_fits;
+
+static sb_fits fits_begin(sb_arena* a, size_t size, uint32_t slot) {
   sb_block key = {.size = size, .ptr = 0};
-  bs_node_t* n0 = _stash_bs_lower_bound(&a->by_size[0], &key.snode);
-  bs_node_t* n1 = slot ? _stash_bs_lower_bound(&a->by_size[slot], &key.snode) : NULL;
-  if (!n0) return n1 ? FROM_SNODE(n1) : NULL;
-  if (!n1) return FROM_SNODE(n0);
-  return cmp_size(n0, n1) < 0 ? FROM_SNODE(n0) : FROM_SNODE(n1);
+  return (sb_fits){_stash_bs_lower_bound(&a->by_size[0], &key.snode),
+                   slot ? _stash_bs_lower_bound(&a->by_size[slot], &key.snode) : NULL};
+}
+
+static sb_block* fits_next(sb_fits* it) {
+  bs_node_t** from = &it->any;
+  if (!it->any || (it->own && cmp_size(it->own, it->any) < 0)) from = &it->own;
+  bs_node_t* n = *from;
+  if (n) *from = _stash_bs_next(n);
+  return n ? FROM_SNODE(n) : NULL;
+}
+
+static sb_block* best_fit(sb_arena* a, size_t size, uint32_t slot) {
+  sb_fits it = fits_begin(a, size, slot);
+  return fits_next(&it);
+}
+
+/* The lowest free block of arena a that holds `size` bytes for slot `slot`, among the first
+ * kFirstFitTries by address; NULL if none there. */
+static sb_block* first_fit(sb_arena* a, size_t size, uint32_t slot) {
+  int tries = kFirstFitTries;
+  for (bs_node_t* n = _stash_bs_first(&a->by_addr); n && tries-- > 0; n = _stash_bs_next(n)) {
+    sb_block* b = FROM_ANODE(n);
+    if (b->size >= size && tag_ok(b, slot)) return b;
+  }
+  return NULL;
 }
 
 /* ---- Stitching -------------------------------------------------------------------------------- */
@@ -1046,9 +1082,14 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   size_t got = stitch_from_holes(h, slot, need, homes);
   if (got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
-    free(homes);
-    *out = NULL;
-    return STASH_OK;
+    sb_edge h1 = stitch_edge(h, slot, true, SIZE_MAX);
+    sb_edge t1 = stitch_edge(h, slot, false, h1.found ? h1.handle : SIZE_MAX);
+    size_t edges = (h1.found && h1.bytes < size ? h1.bytes : 0) + (t1.found ? t1.bytes : 0);
+    if (2 * (got * G + edges) < size) { /* the holes give less than half: grow instead */
+      free(homes);
+      *out = NULL;
+      return STASH_OK;
+    }
   }
   size_t at_end = got;
   if (a->last && a->last->kind == K_FREE && tag_ok(a->last, slot))
@@ -1142,6 +1183,26 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
   return carve(s, fb, at, size, pre, post);
 }
 
+/* Turn replay's fallback, for a large block whose counterpart address is taken (or whose
+ * counterpart was stitched): the best fitting free block - of the first kClearFitTries -
+ * whose front stays clear of where the allocations the counterpart lived beside went one turn
+ * earlier (_stash_loop_forecast); NULL when there is no forecast or no such block. Placing a
+ * block where the rest of its turn will want to go would move them too, turn after turn. */
+static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
+  size_t n = 0;
+  if (s->nstreams > 1 || !_stash_loop_forecast(&s->loop, size, s->forecast, kForecastMax, &n))
+    return NULL;
+  sb_fits it = fits_begin(a, size, slot);
+  sb_block* b;
+  for (int tries = kClearFitTries; tries-- > 0 && (b = fits_next(&it));) {
+    uint64_t lo = b->ptr - a->base, hi = lo + size;
+    size_t i = 0;
+    while (i < n && !(s->forecast[i][0] < hi && lo < s->forecast[i][0] + s->forecast[i][1])) i++;
+    if (i == n) return b;
+  }
+  return NULL;
+}
+
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
@@ -1155,7 +1216,14 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
       return STASH_OK;
     }
   }
-  sb_block* b = best_fit(a, size, slot);
+  sb_block* b = NULL;
+  if (!a->small) { /* between training steps, long-lived blocks pack at the arena's start */
+    b = clear_fit(s, a, size, slot);
+    if (!b && s->live_peak >= (int64_t)kPhaseMinPeak &&
+        h->stats.allocated_bytes[STASH_STAT_ALL].current * kQuietShare < s->live_peak)
+      b = first_fit(a, size, slot);
+  }
+  if (!b) b = best_fit(a, size, slot);
   if (!b && a->small && s->ncached) { /* merge the cached blocks before growing */
     cache_flush(s);
     b = best_fit(a, size, slot);
@@ -1239,6 +1307,9 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
       goto got;
     }
   }
+  int64_t live = h->stats.allocated_bytes[STASH_STAT_ALL].current;
+  if (live > s->live_peak) s->live_peak = live;
+  if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) s->dropped = true;
   st = try_alloc(h, size, slot, &b);
   if (st == STASH_ERR_OOM) {
     h->stats.num_alloc_retries++;

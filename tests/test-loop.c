@@ -109,6 +109,71 @@ TEST(allocations_outside_the_arena_get_no_hint) {
   _stash_loop_free(&L);
 }
 
+/* The forecast for allocation i of a turn: where the allocations made while its counterpart
+ * lived went (turn(): a pair is freed after its second allocation). */
+TEST(the_forecast_names_what_the_counterpart_lived_beside) {
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int hints = 0;
+  uint64_t fc[8][2];
+  size_t n = 99;
+  CHECK(!_stash_loop_forecast(&L, kSizes[0], fc, 8, &n)); /* no loop yet */
+  CHECK_EQ(n, 0);
+  for (int t = 0; t < 4; t++) turn(&L, (uint64_t)t * 1000 * MiB, 0, &hints);
+  uint64_t prev = 3 * 1000 * MiB; /* the last turn's base */
+  CHECK(!_stash_loop_forecast(&L, 11 * MiB, fc, 8, &n)); /* not the next allocation's size */
+  /* allocation 0 lived beside allocation 1 (both freed after it) */
+  CHECK(_stash_loop_forecast(&L, kSizes[0], fc, 8, &n));
+  CHECK_EQ(n, 1);
+  CHECK_EQ(fc[0][0], prev + 32 * MiB);
+  CHECK_EQ(fc[0][1], kSizes[1]);
+  CHECK(_stash_loop_forecast(&L, kSizes[0], fc, 0, &n)); /* at most max */
+  CHECK_EQ(n, 0);
+  uint64_t id0 = _stash_loop_alloc(&L, kSizes[0], 4000 * MiB);
+  /* allocation 1: nothing was allocated after it before it was freed */
+  CHECK(_stash_loop_forecast(&L, kSizes[1], fc, 8, &n));
+  CHECK_EQ(n, 0);
+  uint64_t id1 = _stash_loop_alloc(&L, kSizes[1], 4032 * MiB);
+  _stash_loop_freed(&L, id0, kSizes[0]);
+  _stash_loop_freed(&L, id1, kSizes[1]);
+  /* allocation 2 beside allocation 3 */
+  CHECK(_stash_loop_forecast(&L, kSizes[2], fc, 8, &n));
+  CHECK_EQ(n, 1);
+  CHECK_EQ(fc[0][0], prev + 3 * 32 * MiB);
+  CHECK_EQ(fc[0][1], kSizes[3]);
+  _stash_loop_free(&L);
+}
+
+TEST(a_block_that_outlives_its_turn_is_hinted_two_turns_back) {
+  /* each turn allocates A, which lives until after the next turn's A (a prefetched batch),
+   * and B: A's layout can only repeat every two turns (A at 0 and at 100 MiB in turn) */
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  uint64_t prev_a = STASH_LOOP_NONE;
+  int hinted = 0, right = 0, forecasts = 0;
+  for (int t = 0; t < 10; t++) {
+    uint64_t at = (uint64_t)(t % 2) * 100 * MiB, off = 0, fc[4][2];
+    size_t n = 0;
+    if (_stash_loop_hint(&L, 50 * MiB, &off)) {
+      hinted++;
+      right += off == at; /* two turns back: the A already freed */
+      /* it lived beside its turn's B (at 200 MiB), the next turn's A and B */
+      forecasts += _stash_loop_forecast(&L, 50 * MiB, fc, 4, &n) && n == 3 &&
+                   fc[0][0] == 200 * MiB && fc[0][1] == 8 * MiB &&
+                   fc[1][0] == 100 * MiB - at && fc[1][1] == 50 * MiB && fc[2][0] == 200 * MiB;
+    }
+    uint64_t a = _stash_loop_alloc(&L, 50 * MiB, at);
+    uint64_t b = _stash_loop_alloc(&L, 8 * MiB, 200 * MiB);
+    _stash_loop_freed(&L, b, 8 * MiB);
+    if (prev_a != STASH_LOOP_NONE) _stash_loop_freed(&L, prev_a, 50 * MiB);
+    prev_a = a;
+  }
+  CHECK(hinted >= 5);
+  CHECK_EQ(right, hinted);
+  CHECK_EQ(forecasts, hinted);
+  _stash_loop_free(&L);
+}
+
 TEST(history_is_trimmed_and_hints_stay_right) {
   stash_loop_t L;
   _stash_loop_init(&L);
@@ -129,6 +194,8 @@ int main(void) {
   RUN(a_repeating_layer_that_keeps_bytes_is_not_a_turn);
   RUN(a_change_ends_the_hints_until_a_turn_repeats_again);
   RUN(allocations_outside_the_arena_get_no_hint);
+  RUN(the_forecast_names_what_the_counterpart_lived_beside);
+  RUN(a_block_that_outlives_its_turn_is_hinted_two_turns_back);
   RUN(history_is_trimmed_and_hints_stay_right);
   TEST_MAIN_END();
 }

@@ -69,6 +69,12 @@ def opt125m(bs):
     return causal_lm("OPTForCausalLM", ("OPTConfig", {}), bs, 1024)
 
 
+def opt350m(bs):
+    return causal_lm("OPTForCausalLM", ("OPTConfig", dict(
+        hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,
+        word_embed_proj_dim=512)), bs, 1024)
+
+
 def bert_varlen(bs, steps, seed):
     from transformers import BertConfig, BertForMaskedLM
     m = BertForMaskedLM(BertConfig()).to(dev)
@@ -89,9 +95,9 @@ def roberta(bs, seq):
     return train(m, opt, tokens(50265, bs, seq))
 
 
-def t5(bs, src, tgt):
+def t5(bs, src, tgt, **config):
     from transformers import T5Config, T5ForConditionalGeneration
-    cfg = T5Config(decoder_start_token_id=0, pad_token_id=0)
+    cfg = T5Config(decoder_start_token_id=0, pad_token_id=0, **config)
     m = T5ForConditionalGeneration(cfg).to(dev)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 
@@ -101,9 +107,16 @@ def t5(bs, src, tgt):
     return train(m, opt, batch)
 
 
-def vit(bs):
+def bert_mlm(bs, seq, **config):
+    from transformers import BertConfig, BertForMaskedLM
+    m = BertForMaskedLM(BertConfig(**config)).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    return train(m, opt, tokens(30522, bs, seq))
+
+
+def vit(bs, **config):
     from transformers import ViTConfig, ViTForImageClassification
-    m = ViTForImageClassification(ViTConfig(num_labels=1000)).to(dev)
+    m = ViTForImageClassification(ViTConfig(num_labels=1000, **config)).to(dev)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 
     def batch(_):
@@ -139,6 +152,27 @@ WORKLOADS = {
     "vit_b128": lambda: vit(128),
     "resnet50_b64": lambda: resnet("resnet50", 64),
     "resnet101_b128": lambda: resnet("resnet101", 128),
+    # A second set, recorded after policy:stash's rules were chosen on the first: held out
+    # (data/traces/holdout).
+    "gpt2_b8": lambda: gpt2(8),
+    "gpt2_large_b2": lambda: gpt2(2, layers=36, width=1280, heads=20),
+    "llama_b4": lambda: llama(4),
+    "llama_b16": lambda: llama(16),
+    "opt350m_b4": lambda: opt350m(4),
+    "t5_base_b16": lambda: t5(16, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_b64": lambda: t5(64, 512, 128),
+    "bert_large_b16": lambda: bert_mlm(16, 512, hidden_size=1024, num_hidden_layers=24,
+                                       num_attention_heads=16, intermediate_size=4096),
+    "roberta_b16": lambda: roberta(16, 512),
+    "vit_b64": lambda: vit(64),
+    "vit_large_b32": lambda: vit(32, hidden_size=1024, num_hidden_layers=24,
+                                 num_attention_heads=16, intermediate_size=4096),
+    "resnet152_b64": lambda: resnet("resnet152", 64),
+    "resnet50_b128": lambda: resnet("resnet50", 128),
+    "convnext_tiny_b64": lambda: resnet("convnext_tiny", 64),
+    "efficientnet_b0_b128": lambda: resnet("efficientnet_b0", 128),
+    "mobilenet_v3_large_b256": lambda: resnet("mobilenet_v3_large", 256),
+    "swin_t_b64": lambda: resnet("swin_t", 64),
 }
 
 
