@@ -14,7 +14,8 @@ cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 step "AddressSanitizer + UndefinedBehaviorSanitizer: every test"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTASH_SANITIZE="address;undefined" >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSTASH_SANITIZE="address;undefined" \
+  -DSTASH_LATER_CHECK_EVERY=200 >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"

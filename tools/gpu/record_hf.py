@@ -125,7 +125,7 @@ def vit(bs, **config):
     return train(m, opt, batch)
 
 
-def resnet(name, bs):
+def resnet(name, bs):  # any torchvision classifier
     import torchvision
     m = getattr(torchvision.models, name)(weights=None).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -173,6 +173,25 @@ WORKLOADS = {
     "efficientnet_b0_b128": lambda: resnet("efficientnet_b0", 128),
     "mobilenet_v3_large_b256": lambda: resnet("mobilenet_v3_large", 256),
     "swin_t_b64": lambda: resnet("swin_t", 64),
+    # A third set, recorded after the rules were settled on the first two (data/traces/fresh).
+    "gpt2_b6": lambda: gpt2(6),
+    "gpt2_small6_b16": lambda: gpt2(16, layers=6),
+    "gpt2_medium_b8": lambda: gpt2(8, layers=24, width=1024, heads=16),
+    "llama_b12": lambda: llama(12),
+    "opt125m_b4": lambda: opt125m(4),
+    "t5_b16": lambda: t5(16, 512, 128),
+    "bert_b16": lambda: bert_mlm(16, 512),
+    "roberta_b48": lambda: roberta(48, 256),
+    "vit_b32": lambda: vit(32),
+    "vit_large_b64": lambda: vit(64, hidden_size=1024, num_hidden_layers=24,
+                                 num_attention_heads=16, intermediate_size=4096),
+    "resnet18_b256": lambda: resnet("resnet18", 256),
+    "resnet101_b64": lambda: resnet("resnet101", 64),
+    "wide_resnet50_2_b64": lambda: resnet("wide_resnet50_2", 64),
+    "densenet121_b64": lambda: resnet("densenet121", 64),
+    "regnet_y_1_6gf_b128": lambda: resnet("regnet_y_1_6gf", 128),
+    "convnext_small_b32": lambda: resnet("convnext_small", 32),
+    "efficientnet_b3_b64": lambda: resnet("efficientnet_b3", 64),
 }
 
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Issue 4's table for a directory of recorded traces: per trace, PyTorch's default,
+expandable segments and cudaMallocAsync against policy:stash, and which of the three targets
+policy:stash meets there.
+
+  tools/targets_table.py [--replay build/stash-replay] DIR [DIR...]
+
+DIR holds RMM CSV logs (*.csv.gz) and async.jsonl (one line per trace: "workload" and the
+cudaMallocAsync pool's "peak_reserved_bytes", as tools/gpu/run_record_hf_gpu.sh writes it);
+data/traces/hf and data/traces/holdout are such directories. The anchors are PyTorch's four
+settings (replayed by policy:pytorch, which reproduces the real runs: ctest -R fidelity_more)
+and cudaMallocAsync. The targets (issue 4): memory - utilization (peak live / peak reserved)
+>= 98% and peak reserved at or below every anchor; driver time - modeled driver µs at most
+policy:pytorch's; steady state - no provider call in the second half (not asked of a trace
+whose shapes vary: a name with "varlen"). Prints a Markdown table and a count.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+
+CONFS = ["policy:stash", "policy:pytorch", "policy:pytorch,expandable_segments:True",
+         "policy:pytorch,max_split_size_mb:200", "policy:pytorch,roundup_power2_divisions:4"]
+
+
+def replay(exe, path):
+    args = [exe, "--json"] + sum([["--conf", c] for c in CONFS], []) + [path]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return {o["conf"]: o for o in map(json.loads, out.splitlines())}
+
+
+def row(name, by, async_peak):
+    s, p, e = by[CONFS[0]], by[CONFS[1]], by[CONFS[2]]
+    live = s["peak_live_bytes"]
+    anchors = [by[c]["peak_reserved_bytes"] for c in CONFS[1:]] + [async_peak]
+    late = s["device_allocs_second_half"] + s["device_frees_second_half"]
+    memory = live / s["peak_reserved_bytes"] >= 0.98 and s["peak_reserved_bytes"] <= min(anchors)
+    driver = s["modeled_driver_us"] <= p["modeled_driver_us"]
+    steady = late == 0 or "varlen" in name
+    met = [w for w, ok in (("memory", memory), ("driver time", driver),
+                           ("steady state", steady)) if ok]
+    note = "all three" if len(met) == 3 else (", ".join(met) or "none")
+    if s["peak_reserved_bytes"] > min(anchors):
+        which = "expandable" if min(anchors) == e["peak_reserved_bytes"] else "an anchor"
+        note += " (above %s by %.1f MB)" % (which, (s["peak_reserved_bytes"] - min(anchors)) / 1e6)
+
+    def cell(o):
+        return "%d (%.1f%%), %.0f µs" % (o["peak_reserved_bytes"],
+                                         100 * live / o["peak_reserved_bytes"],
+                                         o["modeled_driver_us"])
+    return ("| %s | %s | %s | %d (%.1f%%) | **%d (%.2f%%)**, %.0f µs, 2nd half %d | %s |" % (
+        name, cell(p), cell(e), async_peak, 100 * live / async_peak, s["peak_reserved_bytes"],
+        100 * live / s["peak_reserved_bytes"], s["modeled_driver_us"], late, note),
+        len(met) == 3)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replay", default=os.path.join(os.path.dirname(__file__), "..", "build",
+                                                     "stash-replay"))
+    ap.add_argument("dirs", nargs="+")
+    a = ap.parse_args()
+    print("| trace | PyTorch default | PyTorch expandable | cudaMallocAsync | policy:stash "
+          "| targets met |")
+    print("|---|---|---|---|---|---|")
+    total = ok = 0
+    for d in a.dirs:
+        peaks = {}
+        for line in open(os.path.join(d, "async.jsonl")):
+            run = json.loads(line)
+            peaks[run["workload"]] = run["peak_reserved_bytes"]
+        for path in sorted(glob.glob(os.path.join(d, "*.csv.gz"))):
+            name = os.path.basename(path)[:-len(".csv.gz")]
+            line, all_met = row(name, replay(a.replay, path), peaks[name])
+            print(line)
+            total += 1
+            ok += all_met
+    print("\n%d of %d traces meet all three targets" % (ok, total))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
