@@ -77,7 +77,7 @@
                                                live bytes first fall to half their peak) */
 #define kPhaseMinPeak ((size_t)256 << 20)   /* live-byte phases count from a peak this large: */
 #define kQuietShare 4                       /* below 1/this of the peak, first fit */
-#define kFirstFitTries 256                  /* free blocks first fit looks at, at most */
+#define kFirstFitTries 256                  /* fitting free blocks first fit compares, at most */
 #define kStitchMin ((size_t)128 << 20)      /* requests this large may be stitched ... */
 #define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them in
                                                whole allocations, or at least half with the
@@ -758,15 +758,14 @@ static sb_block* best_fit(sb_arena* a, size_t size, uint32_t slot) {
   return fits_next(&it);
 }
 
-/* The lowest free block of arena a that holds `size` bytes for slot `slot`, among the first
- * kFirstFitTries by address; NULL if none there. */
+/* The lowest free block of arena a that holds `size` bytes for slot `slot`, among the
+ * kFirstFitTries best fitting ones; NULL if none. */
 static sb_block* first_fit(sb_arena* a, size_t size, uint32_t slot) {
-  int tries = kFirstFitTries;
-  for (bs_node_t* n = _stash_bs_first(&a->by_addr); n && tries-- > 0; n = _stash_bs_next(n)) {
-    sb_block* b = FROM_ANODE(n);
-    if (b->size >= size && tag_ok(b, slot)) return b;
-  }
-  return NULL;
+  sb_fits it = fits_begin(a, size, slot);
+  sb_block *b, *low = NULL;
+  for (int tries = kFirstFitTries; tries-- > 0 && (b = fits_next(&it));)
+    if (!low || b->ptr < low->ptr) low = b;
+  return low;
 }
 
 /* ---- Stitching -------------------------------------------------------------------------------- */

@@ -4,7 +4,9 @@
 # empty_cache measured by the driver), then replays the four traces under policy:stash
 # (and policy:pytorch, for comparison) on the GPU with --driver-check and on the simulated
 # device, and times the fast path there. Results go to $OUT/stash/ (and $OUT/stash.tar).
-# TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces.
+# TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces;
+# CONFS="policy:stash" replays only those configurations (default: policy:stash and
+# policy:pytorch); BENCH=0 skips the timing.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$OUT/stash
@@ -16,12 +18,12 @@ cat "$R/test-cuda.log" | head -40
 : > "$R/replays.jsonl"
 for t in ${TRACES:-data/traces/resnet50_train.csv.gz data/traces/gpt2_train.csv.gz
                   data/traces/bert_varlen_train.csv.gz data/traces/gpt2_sidestream_train.csv.gz}; do
-  for c in policy:stash policy:pytorch; do
+  for c in ${CONFS:-policy:stash policy:pytorch}; do
     build-gpu/stash-replay --json --provider cuda --driver-check --conf "$c" "$t" >> "$R/replays.jsonl"
     build-gpu/stash-replay --json --provider sim --conf "$c" "$t" >> "$R/replays.jsonl"
   done
 done
-build-gpu/bench_replay --reps 7 --conf policy:stash --conf policy:pytorch \
+[ "${BENCH:-1}" = 0 ] || build-gpu/bench_replay --reps 7 --conf policy:stash --conf policy:pytorch \
   --conf policy:pytorch,expandable_segments:True data/traces/*.csv.gz > "$R/bench.txt" 2>&1
 python3 - "$R/replays.jsonl" <<'PY' | tee "$R/summary.md"
 import json, sys
@@ -34,5 +36,5 @@ for r in rows:
         r.get("driver_used_at_peak_bytes", "-"), r.get("driver_gap_max_bytes", "-"),
         r.get("driver_checks", "-"), r["ns_per_event"]))
 PY
-cat "$R/bench.txt"
+[ "${BENCH:-1}" = 0 ] || cat "$R/bench.txt"
 tar -C "$OUT" -cf "$OUT/stash.tar" stash
