@@ -11,19 +11,28 @@
  * stream, up to 1 MiB of freed small blocks wait, unmerged, for a request of exactly their
  * size: the fast path (K_CACHED below).
  *
+ * Phases of live bytes. While live bytes are under a quarter of their peak so far (once that
+ * peak is 256 MiB or more: a model's optimizer state being created, the start of each
+ * training step), a large request takes the lowest fitting free block instead of the best
+ * fitting one: long-lived blocks pack at the arena's start and leave the rest in large free
+ * blocks.
+ *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
  * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Each physical allocation
  * costs one cuMemSetAccess piece (~19 us: docs/driver-costs.md), so the large arena grows in
- * allocations of up to 192 MiB (1/16 of a request above 3 GiB), and a growth that comes within 20 allocations of the last
- * one (a model's forward pass saving activations) takes twice the last one's size, up to
- * 192 MiB: fewer, larger pieces while memory climbs, the exact need otherwise.
+ * allocations of up to 192 MiB (1/16 of a request above 3 GiB), and, until live bytes first
+ * fall to half their peak (the first forward pass), a growth that comes within 20
+ * allocations of the last one takes twice the last one's size, up to 192 MiB: fewer,
+ * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
+ * near the peak is reserved for nothing).
  *
- * A large request (>= 256 MiB) that fits nowhere is *stitched* instead when the holes can
- * give at least a tenth of it in whole physical allocations: a fresh virtual range mapped
- * onto physical allocations of the large arena that are wholly free right now - in holes,
- * the largest hole first, then at the arena's free end - and, for what is still missing,
- * new allocations of at most 128 MiB each (1/64 of a request above 8 GiB), appended to the
- * arena. The driver maps whole physical allocations only, never a part
+ * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
+ * give at least a tenth of it in whole physical allocations - or half of it in whole
+ * allocations, a head and a tail (below): a fresh virtual range mapped onto physical
+ * allocations of the large arena that are wholly free right now - in holes, the largest
+ * hole first, then at the arena's free end - and, for what is still missing, one new
+ * allocation of at most 1 GiB (several for more; 1/64 of a request above 64 GiB each),
+ * appended to the arena. The driver maps whole physical allocations only, never a part
  * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
  * memory, it may begin with an allocation of which only the end is free (its "head": the
  * free end of a hole that does not hold it whole) and end with one of which only the start
@@ -43,8 +52,11 @@
  * lets the layout drift (the blocks that live across a turn's start sit a little
  * differently each time) until some step needs more memory. loop.c watches the large
  * blocks' allocations and frees; once a whole turn has repeated, a large request first
- * tries the address its counterpart got one turn earlier, if that memory is free now, and
- * only then best fit - so the layout, once it repeats, keeps repeating. Not with more than
+ * tries the address its counterpart got one turn earlier (two turns, for a block that
+ * outlives its turn), if that memory is free now. If it is not, the block goes to the best
+ * fitting free block that stays clear of where the allocations its counterpart lived beside
+ * went (loop.c's forecast), so as not to take what the rest of the turn will want; only
+ * then plain best fit - so the layout, once it repeats, keeps repeating. Not with more than
  * one stream.
  *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
