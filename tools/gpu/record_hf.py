@@ -3,8 +3,8 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes, so that policy:stash can be measured on traces of the kind it will
-be judged on, not only on ones recorded with another loop order (tools/gpu/train_compare.py
+models and batch sizes (three sets: data/traces/hf, holdout and fresh), so that policy:stash
+can be measured on traces of the kind it will be judged on, not only on ones recorded with another loop order (tools/gpu/train_compare.py
 frees the gradients after the next forward pass, which keeps them live at its peak).
 
   python3 tools/gpu/record_hf.py WORKLOAD OUTDIR      (on the device machine)
@@ -125,7 +125,7 @@ def vit(bs, **config):
     return train(m, opt, batch)
 
 
-def resnet(name, bs):  # any torchvision classifier
+def vision(name, bs):  # a torchvision classifier
     import torchvision
     m = getattr(torchvision.models, name)(weights=None).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -150,8 +150,8 @@ WORKLOADS = {
     "roberta_b32": lambda: roberta(32, 512),
     "t5_b32": lambda: t5(32, 512, 128),
     "vit_b128": lambda: vit(128),
-    "resnet50_b64": lambda: resnet("resnet50", 64),
-    "resnet101_b128": lambda: resnet("resnet101", 128),
+    "resnet50_b64": lambda: vision("resnet50", 64),
+    "resnet101_b128": lambda: vision("resnet101", 128),
     # A second set, recorded after policy:stash's rules were chosen on the first: held out
     # (data/traces/holdout).
     "gpt2_b8": lambda: gpt2(8),
@@ -167,12 +167,12 @@ WORKLOADS = {
     "vit_b64": lambda: vit(64),
     "vit_large_b32": lambda: vit(32, hidden_size=1024, num_hidden_layers=24,
                                  num_attention_heads=16, intermediate_size=4096),
-    "resnet152_b64": lambda: resnet("resnet152", 64),
-    "resnet50_b128": lambda: resnet("resnet50", 128),
-    "convnext_tiny_b64": lambda: resnet("convnext_tiny", 64),
-    "efficientnet_b0_b128": lambda: resnet("efficientnet_b0", 128),
-    "mobilenet_v3_large_b256": lambda: resnet("mobilenet_v3_large", 256),
-    "swin_t_b64": lambda: resnet("swin_t", 64),
+    "resnet152_b64": lambda: vision("resnet152", 64),
+    "resnet50_b128": lambda: vision("resnet50", 128),
+    "convnext_tiny_b64": lambda: vision("convnext_tiny", 64),
+    "efficientnet_b0_b128": lambda: vision("efficientnet_b0", 128),
+    "mobilenet_v3_large_b256": lambda: vision("mobilenet_v3_large", 256),
+    "swin_t_b64": lambda: vision("swin_t", 64),
     # A third set, recorded after the rules were settled on the first two (data/traces/fresh).
     "gpt2_b6": lambda: gpt2(6),
     "gpt2_small6_b16": lambda: gpt2(16, layers=6),
@@ -185,13 +185,13 @@ WORKLOADS = {
     "vit_b32": lambda: vit(32),
     "vit_large_b64": lambda: vit(64, hidden_size=1024, num_hidden_layers=24,
                                  num_attention_heads=16, intermediate_size=4096),
-    "resnet18_b256": lambda: resnet("resnet18", 256),
-    "resnet101_b64": lambda: resnet("resnet101", 64),
-    "wide_resnet50_2_b64": lambda: resnet("wide_resnet50_2", 64),
-    "densenet121_b64": lambda: resnet("densenet121", 64),
-    "regnet_y_1_6gf_b128": lambda: resnet("regnet_y_1_6gf", 128),
-    "convnext_small_b32": lambda: resnet("convnext_small", 32),
-    "efficientnet_b3_b64": lambda: resnet("efficientnet_b3", 64),
+    "resnet18_b256": lambda: vision("resnet18", 256),
+    "resnet101_b64": lambda: vision("resnet101", 64),
+    "wide_resnet50_2_b64": lambda: vision("wide_resnet50_2", 64),
+    "densenet121_b64": lambda: vision("densenet121", 64),
+    "regnet_y_1_6gf_b128": lambda: vision("regnet_y_1_6gf", 128),
+    "convnext_small_b32": lambda: vision("convnext_small", 32),
+    "efficientnet_b3_b64": lambda: vision("efficientnet_b3", 64),
 }
 
 
