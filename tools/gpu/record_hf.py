@@ -3,9 +3,10 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes (three sets: data/traces/hf, holdout and fresh), so that policy:stash
-can be measured on traces of the kind it will be judged on, not only on ones recorded with another loop order (tools/gpu/train_compare.py
-frees the gradients after the next forward pass, which keeps them live at its peak).
+models and batch sizes (three sets: data/traces/hf, holdout and fresh), so that
+policy:stash can be measured on traces of the kind it will be judged on, not only on ones
+recorded with another loop order (tools/gpu/train_compare.py frees the gradients after the
+next forward pass, which keeps them live at its peak).
 
   python3 tools/gpu/record_hf.py WORKLOAD OUTDIR      (on the device machine)
 
