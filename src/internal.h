@@ -124,8 +124,7 @@ typedef struct stash_loop_ev_s { /* one allocation or free */
   uint64_t code;   /* an allocation of some size, or the free of one made some events before */
   uint64_t offset; /* where an allocation went in the arena, or STASH_LOOP_NONE */
   int64_t live;    /* bytes allocated less bytes freed, after this event */
-  uint64_t size;   /* an allocation's bytes (0 for a free) ... */
-  uint64_t freed;  /* ... and the event that freed it (0 while it lives) */
+  uint64_t freed;  /* an allocation: the event that freed it (0 while it lives) */
 } stash_loop_ev_t;
 
 typedef struct stash_loop_s {

@@ -13,7 +13,7 @@
  * the bytes live now equal those live P events ago (a repeating layer of a forward pass
  * repeats its codes but keeps adding bytes: not a turn).
  *
- * The forecast: each allocation also keeps its size and the event that freed it, so that for
+ * The forecast: each allocation also keeps the event that freed it, so that for
  * an allocation about to happen the policy can learn where the allocations that its
  * counterpart lived beside went one turn earlier - where they will likely want to go again
  * (the policy keeps a block whose own address is taken from landing there).
@@ -62,8 +62,7 @@ static void disable(stash_loop_t* L) {
 static stash_loop_ev_t* at(const stash_loop_t* L, uint64_t e) { return &L->ev[e - L->base]; }
 
 /* Append an event; false when the host is out of memory (the detector is then off). */
-static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset,
-                 uint64_t size) {
+static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset) {
   if (L->n == kHistoryMax) { /* keep the newer half */
     size_t keep = kHistoryMax / 2;
     memmove(L->ev, L->ev + (L->n - keep), keep * sizeof *L->ev);
@@ -77,7 +76,7 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset,
     if (!L->table && !(L->table = calloc(kTableSize, sizeof *L->table))) return false;
   }
   int64_t live = (L->n ? L->ev[L->n - 1].live : 0) + delta;
-  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live, size, 0};
+  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live, 0};
   return true;
 }
 
@@ -113,7 +112,7 @@ static void detect(stash_loop_t* L, uint64_t e) {
 
 uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
   if (L->disabled) return STASH_LOOP_NONE;
-  if (!push(L, alloc_code(size), (int64_t)size, offset, size)) {
+  if (!push(L, alloc_code(size), (int64_t)size, offset)) {
     disable(L);
     return STASH_LOOP_NONE;
   }
@@ -129,7 +128,7 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
    * code no allocation of the loop can have ends any proposal. */
   uint64_t code = id < e ? free_code(e - id) : mix(UINT64_MAX);
   if (id < e && id >= L->base) at(L, id)->freed = e;
-  if (!push(L, code, -(int64_t)size, STASH_LOOP_NONE, 0)) {
+  if (!push(L, code, -(int64_t)size, STASH_LOOP_NONE)) {
     disable(L);
     return;
   }
@@ -169,10 +168,10 @@ bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2]
   uint64_t e = L->base + L->n, from = L->base + (uint64_t)(x - L->ev) + 1;
   uint64_t to = x->freed && x->freed < e ? x->freed : e; /* the counterpart's life, this far */
   for (uint64_t j = from; j < to && *n < max; j++) {
-    const stash_loop_ev_t* y = at(L, j);
-    if (y->size && y->offset != STASH_LOOP_NONE) {
+    const stash_loop_ev_t* y = at(L, j); /* j > x's event >= base: j - 1 is held too */
+    if (y->offset != STASH_LOOP_NONE) { /* an allocation in the arena: its bytes from live's */
       out[*n][0] = y->offset;
-      out[(*n)++][1] = y->size;
+      out[(*n)++][1] = (uint64_t)(y->live - at(L, j - 1)->live);
     }
   }
   return true;

@@ -1050,6 +1050,12 @@ static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t oth
   return best;
 }
 
+/* The largest head of the large arena and the largest tail in another allocation. */
+static void stitch_edges(stash_heap_t* h, uint32_t slot, sb_edge* hd, sb_edge* tl) {
+  *hd = stitch_edge(h, slot, true, SIZE_MAX);
+  *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX);
+}
+
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
  * free, else a new one if the holes give enough of it; else *out = NULL: grow the arena. */
 static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
@@ -1092,10 +1098,12 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   uint32_t* homes = malloc(need * sizeof *homes);
   if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   size_t got = stitch_from_holes(h, slot, need, homes);
+  sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
+  bool edges_found = false;
   if (got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
-    sb_edge h1 = stitch_edge(h, slot, true, SIZE_MAX);
-    sb_edge t1 = stitch_edge(h, slot, false, h1.found ? h1.handle : SIZE_MAX);
-    size_t edges = (h1.found && h1.bytes < size ? h1.bytes : 0) + (t1.found ? t1.bytes : 0);
+    stitch_edges(h, slot, &hd, &tl);
+    edges_found = true;
+    size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
     if (2 * (got * G + edges) < size) { /* the holes give less than half: grow instead */
       free(homes);
       *out = NULL;
@@ -1105,10 +1113,10 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   size_t at_end = got;
   if (a->last && a->last->kind == K_FREE && tag_ok(a->last, slot))
     take_whole_handles(h, a->last, need, homes, &at_end);
-  sb_edge hd = {false, 0, 0}, tl = {false, 0, 0};
-  if (at_end < need) {
-    hd = stitch_edge(h, slot, true, SIZE_MAX);
-    tl = stitch_edge(h, slot, false, hd.found ? hd.handle : SIZE_MAX);
+  if (at_end >= need) {
+    hd.found = tl.found = false; /* no new memory: no head or tail either */
+  } else {
+    if (!edges_found) stitch_edges(h, slot, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
   }
