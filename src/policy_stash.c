@@ -1236,8 +1236,10 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     }
   }
   sb_block* b = NULL;
-  if (!a->small) { /* between training steps, long-lived blocks pack at the arena's start */
+  if (!a->small) {
     b = clear_fit(s, a, size, slot);
+    /* while little is live (between training steps, optimizer state being made), long-lived
+     * blocks pack at the arena's start */
     if (!b && s->live_peak >= (int64_t)kPhaseMinPeak &&
         h->stats.allocated_bytes[STASH_STAT_ALL].current * kQuietShare < s->live_peak)
       b = first_fit(a, size, slot);
