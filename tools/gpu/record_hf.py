@@ -3,7 +3,7 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes (three sets: data/traces/hf, holdout and fresh), so that
+models and batch sizes (four sets: data/traces/hf, holdout, fresh and later), so that
 policy:stash can be measured on traces of the kind it will be judged on, not only on ones
 recorded with another loop order (tools/gpu/train_compare.py frees the gradients after the
 next forward pass, which keeps them live at its peak).
@@ -193,6 +193,27 @@ WORKLOADS = {
     "regnet_y_1_6gf_b128": lambda: vision("regnet_y_1_6gf", 128),
     "convnext_small_b32": lambda: vision("convnext_small", 32),
     "efficientnet_b3_b64": lambda: vision("efficientnet_b3", 64),
+    # A fourth set, recorded before the sixth session changed anything (data/traces/later).
+    "gpt2_b10": lambda: gpt2(10),
+    "gpt2_medium_b6": lambda: gpt2(6, layers=24, width=1024, heads=16),
+    "llama_b6": lambda: llama(6),
+    "llama_b10": lambda: llama(10),
+    "opt350m_b8": lambda: opt350m(8),
+    "t5_b24": lambda: t5(24, 512, 128),
+    "t5_base_b8": lambda: t5(8, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "bert_b32": lambda: bert_mlm(32, 512),
+    "roberta_b24": lambda: roberta(24, 512),
+    "vit_b96": lambda: vit(96),
+    "resnet34_b128": lambda: vision("resnet34", 128),
+    "resnet152_b32": lambda: vision("resnet152", 32),
+    "wide_resnet101_2_b32": lambda: vision("wide_resnet101_2", 32),
+    "densenet169_b64": lambda: vision("densenet169", 64),
+    "efficientnet_b1_b128": lambda: vision("efficientnet_b1", 128),
+    "mobilenet_v2_b256": lambda: vision("mobilenet_v2", 256),
+    "convnext_base_b32": lambda: vision("convnext_base", 32),
+    "regnet_y_3_2gf_b64": lambda: vision("regnet_y_3_2gf", 64),
+    "swin_s_b64": lambda: vision("swin_s", 64),
+    "vgg16_b64": lambda: vision("vgg16", 64),
 }
 
 
