@@ -245,10 +245,10 @@ typedef struct stash_segment_info_s {
 
 /* policy:stash's segments are its two arenas (small, large: one reserved range each, its
  * mapped part tiled by blocks) and its stitched ranges: a large block at an address of its
- * own, backed by pages of the large arena, which shows them as LENT while the block lives.
- * A stitched range's segment has mapped_size 0 (its memory is the arena's) and blocks
- * ALLOCATED or PENDING_FREE (the block) and ALIAS (pages beyond it, or all of them while
- * the range waits, cached, for its next use).
+ * own, backed by pages of the arenas (mostly the large one), which show them as LENT while
+ * the block lives. A stitched range's segment has mapped_size 0 (its memory is the arenas')
+ * and blocks ALLOCATED or PENDING_FREE (the block) and ALIAS (pages beyond it, or all of them
+ * while the range waits, cached, for its next use).
  *
  * Calls fn once per segment, in address order, with its blocks in address order. The
  * arrays are valid only during the call; fn must not call into the heap. Stops early if fn

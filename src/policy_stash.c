@@ -29,8 +29,10 @@
  * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
  * give at least a tenth of it in whole physical allocations - or half of it in whole
  * allocations, a head and a tail (below): a fresh virtual range mapped onto physical
- * allocations of the large arena that are wholly free right now - in holes, the largest
- * hole first, then at the arena's free end - and, for what is still missing, one new
+ * allocations that are wholly free right now - in the large arena's holes, the largest hole
+ * first, then the small arena's (small requests peak at other times than large ones: an
+ * optimizer's step against the forward pass), then at the large arena's free end - and, for
+ * what is still missing, one new
  * allocation of at most 1 GiB (several for more; 1/64 of a request above 64 GiB each),
  * appended to the arena. The driver maps whole physical allocations only, never a part
  * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
@@ -38,9 +40,12 @@
  * free end of a hole that does not hold it whole) and end with one of which only the start
  * is free (its "tail"), the block running from the head's free part to within the tail's -
  * the largest such free parts in the arena, each of at least 2 MiB. The range's memory in
- * use is lent to it: while the stitched block lives, it is carved out of the arena as
- * "phantom" blocks, so the arena cannot hand it out twice; when it is freed it returns to
- * the arena. New allocations are mapped at the range only; at their place in the arena not
+ * use is lent to it: while the stitched block lives, it is carved out of its arenas as
+ * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
+ * Small requests keep off the small arena's pages that a range maps while other memory fits
+ * them (the best fitting block elsewhere, among the first 64), and a block freed there is
+ * not kept in the fast path's cache: a range whose memory is free again serves its block
+ * again without a new range. New allocations are mapped at the range only; at their place in the arena not
  * before the arena first hands out a block on them (arena_ready) - a range whose memory
  * serves it turn after turn never pays the second mapping. Stitched ranges stay mapped and
  * serve later requests of a similar size (at most twice as large) whenever their memory is
@@ -177,7 +182,9 @@ struct sb_stitch_s {
   uint64_t va;
   size_t npages;
   size_t page;        /* the page size (the heap's granularity) */
-  uint32_t* homes;    /* large-arena page indices mapped there, in order: the range's pages */
+  uint32_t* homes;    /* the range's pages, in order: arena page indices (kSmallHome marks a
+                         page of the small arena, else of the large) */
+  bool small_homes;   /* some of them are the small arena's */
   size_t offset;      /* where its block starts in the range (past the used part of a
                          partly free first allocation) */
   size_t lent_end;    /* the range's bytes [offset, lent_end) are lent (its block's room) */
@@ -211,9 +218,19 @@ typedef struct sb_state_s {
   uint64_t forecast[kForecastMax][2]; /* _stash_loop_forecast's answer: (offset, size) */
   int64_t live_peak;   /* the most bytes ever allocated at once (not reset with the stats) */
   bool dropped;        /* live bytes have fallen to half of live_peak once: no more bursts */
+  uint16_t* small_ranged; /* [page]: stitched ranges mapping that page of the small arena */
+  size_t cap_small_ranged;
+  size_t nsmall_ranged;   /* small-arena pages some range maps */
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
+
+/* A stitched range's page: its arena and its index there. */
+#define kSmallHome ((uint32_t)1 << 31)
+static inline sb_arena* home_arena(sb_state* s, uint32_t v) {
+  return &s->arenas[v & kSmallHome ? 0 : 1];
+}
+static inline size_t home_page(uint32_t v) { return v & ~kSmallHome; }
 #define G (h->granularity)
 #define FROM_SNODE(n) ((sb_block*)((char*)(n) - offsetof(sb_block, snode)))
 #define FROM_ANODE(n) ((sb_block*)((char*)(n) - offsetof(sb_block, anode)))
@@ -642,11 +659,14 @@ undo:
   return st;
 }
 
-/* Whether a stitched range maps any of pages [first, first + n) of the large arena. */
-static bool mapped_by_a_range(const sb_state* s, size_t first, size_t n) {
+/* Whether a stitched range maps any of pages [first, first + n) of arena a. */
+static bool mapped_by_a_range(const sb_state* s, const sb_arena* a, size_t first, size_t n) {
+  uint32_t mark = a->small ? kSmallHome : 0;
   for (const sb_stitch* x = s->stitches; x; x = x->next_st)
     for (size_t i = 0; i < x->npages; i++)
-      if (x->homes[i] >= first && x->homes[i] < first + n) return true;
+      if ((x->homes[i] & kSmallHome) == mark && home_page(x->homes[i]) >= first &&
+          home_page(x->homes[i]) < first + n)
+        return true;
   return false;
 }
 
@@ -660,7 +680,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     uint64_t start = a->base + hd->first_page * G;
     size_t bytes = hd->npages * G;
     if (!t || t->kind != K_FREE || t->ptr > start) return STASH_OK;
-    if (!a->small && mapped_by_a_range(s, hd->first_page, hd->npages)) return STASH_OK;
+    if (mapped_by_a_range(s, a, hd->first_page, hd->npages)) return STASH_OK;
     stash_status_t st = hd->access == H_UNMAPPED ? STASH_OK : PCALL(h, unmap, h->device, start, bytes);
     if (st != STASH_OK) return prov_fail(h, st, "unmap memory");
     stash_status_t released = PCALL(h, phys_release, h->device, hd->handle);
@@ -782,7 +802,8 @@ static sb_block* first_fit(sb_arena* a, size_t size, uint32_t slot) {
 
 /* ---- Stitching -------------------------------------------------------------------------------- */
 
-/* Runs of consecutive home pages: call fn(first_page, npages) for each. */
+/* Runs of consecutive home pages (of one arena): the body sees run_first (a home) and
+ * run_pages. */
 #define FOR_RUNS(st, ...)                                                     \
   for (size_t i_ = 0; i_ < (st)->npages;) {                                    \
     size_t j_ = i_ + 1;                                                        \
@@ -792,14 +813,16 @@ static sb_block* first_fit(sb_arena* a, size_t size, uint32_t slot) {
     i_ = j_;                                                                   \
   }
 
-/* The large arena's bytes st lends, [offset, lent_end) of the range through its pages: call
- * the body with each run [run_at, run_at + run_len) of consecutive arena bytes. */
-#define FOR_LENT(a, st, ...)                                                              \
+/* The arena bytes st lends, [offset, lent_end) of the range through its pages: call the
+ * body with each run [run_at, run_at + run_len) of consecutive bytes of arena run_arena. */
+#define FOR_LENT(s, st, ...)                                                              \
   for (size_t lo_ = (st)->offset; lo_ < (st)->lent_end;) {                               \
     size_t i_ = lo_ / G, j_ = i_ + 1;                                                    \
     while (j_ * G < (st)->lent_end && (st)->homes[j_] == (st)->homes[j_ - 1] + 1) j_++;  \
     size_t hi_ = j_ * G < (st)->lent_end ? j_ * G : (st)->lent_end;                      \
-    uint64_t run_at = (a)->base + (uint64_t)(st)->homes[i_] * G + (lo_ - i_ * G);        \
+    sb_arena* run_arena = home_arena((s), (st)->homes[i_]);                              \
+    uint64_t run_at = run_arena->base + (uint64_t)home_page((st)->homes[i_]) * G +       \
+                      (lo_ - i_ * G);                                                    \
     size_t run_len = hi_ - lo_;                                                          \
     __VA_ARGS__;                                                                         \
     lo_ = hi_;                                                                           \
@@ -807,25 +830,24 @@ static sb_block* first_fit(sb_arena* a, size_t size, uint32_t slot) {
 
 /* Whether all the memory st lends is free for stream slot `slot` now. */
 static bool stitch_available(stash_heap_t* h, const sb_stitch* st, uint32_t slot) {
-  sb_arena* a = &S(h)->arenas[1];
   bool ok = true;
-  FOR_LENT(a, st, {
-    sb_block* b = free_containing(a, run_at, run_len);
+  FOR_LENT(S(h), st, {
+    sb_block* b = free_containing(run_arena, run_at, run_len);
     if (!b || !tag_ok(b, slot)) ok = false;
   });
   return ok;
 }
 
-/* The longest run [*lo, *hi) of st's range whose memory in the large arena is free for
+/* The longest run [*lo, *hi) of st's range whose memory in its arenas is free for
  * stream slot `slot` now (to 512 bytes): where blocks have since taken an edge of a cached
  * range's span, its block may still fit a little further along. */
 static void stitch_free_run(stash_heap_t* h, const sb_stitch* st, uint32_t slot, size_t* lo,
                             size_t* hi) {
-  sb_arena* a = &S(h)->arenas[1];
   size_t best_lo = 0, best_hi = 0, run_lo = 0;
   bool in = false;
   for (size_t p = 0; p < st->npages; p++) {
-    uint64_t at = a->base + (uint64_t)st->homes[p] * G;
+    sb_arena* a = home_arena(S(h), st->homes[p]);
+    uint64_t at = a->base + (uint64_t)home_page(st->homes[p]) * G;
     size_t r = p * G;
     sb_block* f = free_containing(a, at, 1); /* the free block holding the page's first byte */
     if (f && !tag_ok(f, slot)) f = NULL;
@@ -851,17 +873,15 @@ static void stitch_free_run(stash_heap_t* h, const sb_stitch* st, uint32_t slot,
 }
 
 static size_t stitch_runs(stash_heap_t* h, const sb_stitch* st) {
-  sb_arena* a = &S(h)->arenas[1];
   size_t n = 0;
-  FOR_LENT(a, st, { (void)run_at; (void)run_len; n++; });
+  FOR_LENT(S(h), st, { (void)run_at; (void)run_len; n++; });
   return n;
 }
 
-/* Lend st's home pages: carve them out of the large arena as phantom blocks. Host memory
+/* Lend st's home pages: carve them out of their arenas as phantom blocks. Host memory
  * for the metadata is taken first; the pages must be free (stitch_available). */
 static stash_status_t stitch_lend(stash_heap_t* h, sb_stitch* st) {
   sb_state* s = S(h);
-  sb_arena* a = &s->arenas[1];
   size_t runs = stitch_runs(h, st);
   sb_block* spare[3 * 64];
   sb_block** meta = runs <= 64 ? spare : malloc(3 * runs * sizeof *meta);
@@ -875,8 +895,8 @@ static stash_status_t stitch_lend(stash_heap_t* h, sb_stitch* st) {
     }
   }
   size_t r = 0;
-  FOR_LENT(a, st, {
-    sb_block* b = free_containing(a, run_at, run_len);
+  FOR_LENT(s, st, {
+    sb_block* b = free_containing(run_arena, run_at, run_len);
     sb_block* ph = carve(s, b, run_at, run_len, meta[3 * r], meta[3 * r + 1]);
     block_delete(s, meta[3 * r + 2]);
     ph->kind = K_PHANTOM;
@@ -891,32 +911,30 @@ static stash_status_t stitch_lend(stash_heap_t* h, sb_stitch* st) {
  * the stitched block. */
 static void stitch_return(stash_heap_t* h, sb_stitch* st, uint32_t tag, uint64_t epoch) {
   sb_state* s = S(h);
-  sb_arena* a = &s->arenas[1];
-  for (sb_block* b = a->first; b;) {
-    sb_block* next = b->next;
-    if (b->kind == K_PHANTOM && b->stitch == st) {
-      b->kind = K_FREE;
-      b->stitch = NULL;
-      b->tag = tag;
-      b->epoch = epoch;
-      free_coalesce(s, b);
+  for (int i = st->small_homes ? 0 : 1; i < 2; i++) {
+    for (sb_block* b = s->arenas[i].first; b;) {
+      sb_block* next = b->next;
+      if (b->kind == K_PHANTOM && b->stitch == st) {
+        b->kind = K_FREE;
+        b->stitch = NULL;
+        b->tag = tag;
+        b->epoch = epoch;
+        free_coalesce(s, b);
+      }
+      b = next;
     }
-    b = next;
   }
 }
 
 /* Map st's home pages at st->va, one map call per run within one physical allocation. */
 static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
-  sb_arena* a = &S(h)->arenas[1];
   size_t done = 0; /* pages mapped so far */
   stash_status_t err = STASH_OK;
-  size_t hi = 0;
   FOR_RUNS(st, {
-    size_t p = run_first, left = run_pages;
+    sb_arena* a = home_arena(S(h), run_first);
+    size_t p = home_page(run_first), left = run_pages;
     while (left && err == STASH_OK) {
-      while (hi + 1 < a->nhandles && a->handles[hi + 1].first_page <= p) hi++;
-      while (hi > 0 && a->handles[hi].first_page > p) hi--;
-      sb_handle* hd = &a->handles[hi];
+      sb_handle* hd = &a->handles[handle_after(a, p)];
       size_t in = hd->first_page + hd->npages - p;
       size_t n = left < in ? left : in;
       err = PCALL(h, map, h->device, st->va + done * G, n * G, hd->handle,
@@ -939,6 +957,40 @@ static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
   return err;
 }
 
+/* Count st's small-arena pages in (delta 1) or out (delta -1) of s->small_ranged. */
+static stash_status_t small_ranged_add(sb_state* s, const sb_stitch* st, int delta) {
+  if (!st->small_homes) return STASH_OK;
+  size_t top = 0;
+  for (size_t i = 0; i < st->npages; i++)
+    if (st->homes[i] & kSmallHome && home_page(st->homes[i]) + 1 > top)
+      top = home_page(st->homes[i]) + 1;
+  if (top > s->cap_small_ranged) { /* room first: nothing is counted on a failure */
+    size_t cap = s->cap_small_ranged;
+    uint16_t* v = _stash_array_grow(s->small_ranged, &cap, top, sizeof *v, 64);
+    if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
+    memset(v + s->cap_small_ranged, 0, (cap - s->cap_small_ranged) * sizeof *v);
+    s->small_ranged = v;
+    s->cap_small_ranged = cap;
+  }
+  for (size_t i = 0; i < st->npages; i++) {
+    if (!(st->homes[i] & kSmallHome)) continue;
+    size_t p = home_page(st->homes[i]);
+    if (delta > 0 && s->small_ranged[p]++ == 0) s->nsmall_ranged++;
+    if (delta < 0 && --s->small_ranged[p] == 0) s->nsmall_ranged--;
+  }
+  return STASH_OK;
+}
+
+/* Whether [ptr, ptr + size) of the small arena touches a page some stitched range maps. */
+static bool small_ranged_at(stash_heap_t* h, uint64_t ptr, size_t size) {
+  sb_state* s = S(h);
+  size_t lo = (size_t)(ptr - s->arenas[0].base) / G;
+  size_t hi = (size_t)(ptr + size - 1 - s->arenas[0].base) / G;
+  for (size_t p = lo; p <= hi && p < s->cap_small_ranged; p++)
+    if (s->small_ranged[p]) return true;
+  return false;
+}
+
 static void stitch_unlink(sb_state* s, sb_stitch* st) {
   if (st->prev_st) st->prev_st->next_st = st->next_st;
   else s->stitches = st->next_st;
@@ -950,6 +1002,7 @@ static stash_status_t stitch_release(stash_heap_t* h, sb_stitch* st) {
   sb_state* s = S(h);
   stash_status_t r = PCALL(h, unmap, h->device, st->va, st->npages * G);
   if (r != STASH_OK) return prov_fail(h, r, "unmap a stitched range");
+  small_ranged_add(s, st, -1); /* only decrements: cannot fail */
   stitch_unlink(s, st);
   free(st->homes);
   free(st);
@@ -958,10 +1011,11 @@ static stash_status_t stitch_release(stash_heap_t* h, sb_stitch* st) {
 }
 
 /* Take into homes (from *got on) the pages of the physical allocations lying wholly inside
- * free block b, as long as they fit in n. */
+ * free block b (of either arena), as long as they fit in n. */
 static void take_whole_handles(stash_heap_t* h, const sb_block* b, size_t n, uint32_t* homes,
                                size_t* got) {
-  sb_arena* a = &S(h)->arenas[1];
+  const sb_arena* a = b->arena;
+  uint32_t mark = a->small ? kSmallHome : 0;
   size_t lo = (size_t)(b->ptr - a->base + G - 1) / G, hi = (size_t)(b->ptr + b->size - a->base) / G;
   size_t i = handle_after(a, lo); /* the one holding page lo, or the first after it ... */
   if (i < a->nhandles && a->handles[i].first_page < lo) i++; /* ... starting at or after lo */
@@ -969,7 +1023,7 @@ static void take_whole_handles(stash_heap_t* h, const sb_block* b, size_t n, uin
     const sb_handle* x = &a->handles[i];
     if (x->first_page + x->npages > hi) break;
     if (*got + x->npages > n) continue;
-    for (size_t p = 0; p < x->npages; p++) homes[(*got)++] = (uint32_t)(x->first_page + p);
+    for (size_t p = 0; p < x->npages; p++) homes[(*got)++] = (uint32_t)(x->first_page + p) | mark;
   }
 }
 
@@ -987,6 +1041,26 @@ static size_t stitch_from_holes(stash_heap_t* h, uint32_t slot, size_t n, uint32
     if (b->size < kStitchMinRun) break; /* the rest are smaller */
     if (b != a->last) take_whole_handles(h, b, n, homes, &got);
   }
+  return got;
+}
+
+/* The pages of whole free physical allocations of the small arena, from its end down, into
+ * homes: at most n; returns how many. Small requests peak at other times than large ones
+ * (an optimizer's step against the forward pass): the small arena's free memory at a large
+ * peak serves a stitched range instead of lying idle, and is back for the small requests
+ * when the stitched block is freed. */
+static size_t stitch_from_small(stash_heap_t* h, uint32_t slot, size_t n, uint32_t* homes) {
+  size_t got = 0;
+  for (sb_block* b = S(h)->arenas[0].last; b && got < n; b = b->prev)
+    if (b->kind == K_FREE && tag_ok(b, slot) && b->size >= G) take_whole_handles(h, b, n, homes, &got);
+  return got;
+}
+
+/* Whole free physical allocations for a new stitched range, into homes: the large arena's
+ * holes', then the small arena's; at most n; returns how many. */
+static size_t stitch_from_free(stash_heap_t* h, uint32_t slot, size_t n, uint32_t* homes) {
+  size_t got = stitch_from_holes(h, slot, n, homes);
+  if (got < n) got += stitch_from_small(h, slot, n - got, homes + got);
   return got;
 }
 
@@ -1097,7 +1171,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   size_t need = (size + G - 1) / G;
   uint32_t* homes = malloc(need * sizeof *homes);
   if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-  size_t got = stitch_from_holes(h, slot, need, homes);
+  size_t got = stitch_from_free(h, slot, need, homes);
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
   bool edges_found = false;
   if (got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
@@ -1133,7 +1207,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   }
   homes = all;
-  if (lead || trail) got = stitch_from_holes(h, slot, mid, homes + lead); /* fewer, shifted */
+  if (lead || trail) got = stitch_from_free(h, slot, mid, homes + lead); /* fewer, shifted */
   for (size_t p = 0; p < lead; p++) homes[p] = (uint32_t)(a->handles[hd.handle].first_page + p);
   for (size_t p = 0; p < trail; p++)
     homes[lead + mid + p] = (uint32_t)(a->handles[tl.handle].first_page + p);
@@ -1150,6 +1224,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     if (r == STASH_OK) s->stitch_va_end = s->stitch_va + span;
   }
   if (r == STASH_OK) r = stitch_pick(h, slot, mid, got, homes + lead);
+  for (size_t p = 0; r == STASH_OK && p < n; p++) st->small_homes |= (homes[p] & kSmallHome) != 0;
+  if (r == STASH_OK) r = small_ranged_add(s, st, 1);
+  bool counted = r == STASH_OK;
   if (r == STASH_OK) {
     st->va = s->stitch_va;
     s->stitch_va += n * G + G; /* taken even if mapping fails: a failed unmap may hold it */
@@ -1162,6 +1239,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   }
   if (r != STASH_OK) {
     /* Pages picked from holes are still free; a mapping made is undone by stitch_map. */
+    if (counted) small_ranged_add(s, st, -1);
     free(homes);
     free(st);
     return r;
@@ -1207,6 +1285,17 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
  * whose front stays clear of where the allocations the counterpart lived beside went one turn
  * earlier (_stash_loop_forecast); NULL when there is no forecast or no such block. Placing a
  * block where the rest of its turn will want to go would move them too, turn after turn. */
+/* The best fitting free block of the small arena whose front, where the block would go,
+ * touches no page a stitched range maps (among the first kClearFitTries fits); NULL if none:
+ * those pages are the ranges', while other memory serves. */
+static sb_block* small_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot) {
+  sb_fits it = fits_begin(a, size, slot);
+  sb_block* b;
+  for (int tries = kClearFitTries; tries-- > 0 && (b = fits_next(&it));)
+    if (!small_ranged_at(h, b->ptr, size)) return b;
+  return NULL;
+}
+
 static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
   size_t n = 0;
   if (s->nstreams > 1 || !_stash_loop_forecast(&s->loop, size, s->forecast, kForecastMax, &n))
@@ -1244,6 +1333,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
         h->stats.allocated_bytes[STASH_STAT_ALL].current * kQuietShare < s->live_peak)
       b = first_fit(a, size, slot);
   }
+  if (a->small && s->nsmall_ranged) b = small_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
   if (!b && a->small && s->ncached) { /* merge the cached blocks before growing */
     cache_flush(s);
@@ -1388,8 +1478,10 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   free(b->uses);
   b->uses = NULL;
   b->nuses = b->cap_uses = 0;
-  if (b->arena->small && s->nstreams <= 1 && s->cached_bytes + b->size <= kCacheMaxBytes) {
-    /* kept for the next request of its size */
+  if (b->arena->small && s->nstreams <= 1 && s->cached_bytes + b->size <= kCacheMaxBytes &&
+      !(s->nsmall_ranged && small_ranged_at(h, b->ptr, b->size))) {
+    /* kept for the next request of its size (not on a page a stitched range maps: the range
+     * needs it free) */
     sb_block** head = &s->cache[b->size / kMinBlock - 1];
     b->kind = K_CACHED;
     b->tnext = *head;
@@ -1545,6 +1637,7 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
   }
   free(s->va_ranges);
   free(s->streams);
+  free(s->small_ranged);
   _stash_loop_free(&s->loop);
   _stash_ptrmap_free(&s->allocated);
   _stash_slab_destroy(&s->block_slab);
@@ -1728,20 +1821,23 @@ static stash_status_t sb_check(stash_heap_t* h) {
     if (x->offset >= x->lent_end || x->lent_end > x->npages * G || x->offset % kMinBlock)
       FAIL("a stitched range lends a bad span");
     {
-      size_t npg = s->arenas[1].mapped / G;
-      uint8_t* seen = calloc(npg / 8 + 1, 1);
+      size_t nsmall = s->arenas[0].mapped / G, npg = nsmall + s->arenas[1].mapped / G;
+      uint8_t* seen = calloc(npg / 8 + 1, 1); /* the small arena's pages, then the large's */
       if (!seen) return _stash_error(STASH_ERR_HOST_OOM, "check: out of host memory");
-      bool twice = false, outside = false;
+      bool twice = false, outside = false, small = false;
       for (size_t i = 0; i < x->npages; i++) {
-        uint32_t pg = x->homes[i];
-        if (pg >= npg) {
+        size_t pg = home_page(x->homes[i]);
+        small |= (x->homes[i] & kSmallHome) != 0;
+        if (pg >= home_arena(s, x->homes[i])->mapped / G) {
           outside = true;
           break;
         }
+        if (!(x->homes[i] & kSmallHome)) pg += nsmall;
         twice |= (seen[pg / 8] >> (pg % 8)) & 1;
         seen[pg / 8] |= (uint8_t)(1u << (pg % 8));
       }
       free(seen);
+      if (small != x->small_homes) FAIL("a stitched range misremembers its small-arena pages");
       if (outside) FAIL("a stitched range maps a page outside the arena");
       if (twice) FAIL("a stitched range maps a page twice");
     }
@@ -1752,11 +1848,10 @@ static stash_status_t sb_check(stash_heap_t* h) {
         FAIL("a bad stitched block");
       if (!count_user(s, &n, STASH_STAT_LARGE, u, &live)) FAIL("a live block is not in the map");
       /* all it lends lies in its phantoms */
-      sb_arena* a = &s->arenas[1];
       bool carved = true;
-      FOR_LENT(a, x, {
+      FOR_LENT(s, x, {
         bool found = false;
-        for (sb_block* b = a->first; b && !found; b = b->next)
+        for (sb_block* b = run_arena->first; b && !found; b = b->next)
           found = b->kind == K_PHANTOM && b->stitch == x && b->ptr <= run_at &&
                   run_at + run_len <= b->ptr + b->size;
         carved &= found;

@@ -12,7 +12,7 @@
 
 #define S1 ((void*)0x1)
 #define S2 ((void*)0x2)
-#define NPTR 16
+#define NPTR 32
 
 typedef struct run_s {
   fixture_t f;
@@ -95,6 +95,20 @@ static bool in_stitched_range(run_t* r, void* p) {
   return q == 1;
 }
 
+static int small_lent_cb(const stash_segment_info_t* seg, const stash_block_info_t* b,
+                         void* arg) {
+  for (size_t i = 0; i < seg->nblocks; i++)
+    if (seg->is_small && b[i].state == STASH_BLOCK_LENT) *(size_t*)arg += b[i].size;
+  return 0;
+}
+
+/* Bytes of the small arena lent to stitched ranges (policy:stash). */
+static size_t small_lent(run_t* r) {
+  size_t n = 0;
+  CHECK_OK(stash_heap_visit(r->f.heap, small_lent_cb, &n));
+  return n;
+}
+
 /* The scripted sequence: small and large blocks on two streams, cross-stream frees, reuse,
  * an allocation that only fits after the cache is released, empty_cache with a pending
  * free, and one request that cannot fit. Capacity 200 MiB. */
@@ -124,11 +138,11 @@ static void script(run_t* r) {
   op_alloc(r, 10, 200 * MiB, S1); /* out of memory, after releasing the cache */
 }
 
-/* The same for policy:stash, with stitching: a large request served from a hole plus new
- * memory at a fresh address, freed and served again from the same range, the same size on
- * the other stream (whose blocks are not free for it yet), empty_cache with a pending free
- * and blocks only a stream synchronize frees, a request that fits only once the cache is
- * released, and one that cannot fit. Capacity 1 GiB. */
+/* The same for policy:stash, with stitching: a large request served from a hole, the small
+ * arena's free memory and new memory at a fresh address, freed and served again from the
+ * same range, the same size on the other stream (whose blocks are not free for it yet),
+ * empty_cache with a pending free and blocks only a stream synchronize frees, a request that
+ * fits only once the cache is released, and one that cannot fit. Capacity 1 GiB. */
 static void script_stash(run_t* r) {
   op_alloc(r, 0, 1000, S1);
   op_alloc(r, 1, 3 * MiB, S1);
@@ -140,11 +154,14 @@ static void script_stash(run_t* r) {
   op_alloc(r, 5, 3 * MiB, S1); /* the event is pending: not b's block */
   stash_sim_complete(r->f.sim, S2);
   op_alloc(r, 6, 2 * MiB, S1); /* processes the event */
+  for (int i = 16; i < 28; i++) op_alloc(r, i, 1 * MiB, S1); /* the small arena grows twice */
+  for (int i = 16; i < 28; i++) op_free(r, i); /* its second allocation: wholly free */
   op_free(r, 3);
   op_free(r, 2);               /* a 100 MiB hole, a 40 MiB physical allocation wholly in it */
-  op_alloc(r, 7, 300 * MiB, S1); /* stitched: that allocation's pages and new ones */
+  op_alloc(r, 7, 300 * MiB, S1); /* stitched: those two allocations' pages and new ones */
   void* x = r->p[7];
   if (r->clean) CHECK(in_stitched_range(r, x));
+  if (r->clean) CHECK_EQ(small_lent(r), 8 * MiB);
   op_free(r, 7);
   op_alloc(r, 8, 300 * MiB, S2); /* S1's pages are not free for S2 yet */
   stash_sim_complete(r->f.sim, S1);

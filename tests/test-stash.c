@@ -830,9 +830,12 @@ TEST(stitching_respects_streams) {
   stash_sim_complete(f.sim, S1);
   fx_free(&f, fx_alloc(&f, 1000, S2)); /* ... which has completed: C is any stream's */
   fx_free(&f, p[0]); /* A: S1's for now */
-  void* x = fx_alloc(&f, 300 * MiB, S2); /* stitched from C and 200 new, not from A */
+  int64_t small = STAT(&f, reserved_bytes, SMALL, current); /* all free, any stream's */
+  CHECK(small > 0);
+  /* stitched from C, the small arena's free memory and new memory; not from A */
+  void* x = fx_alloc(&f, 300 * MiB, S2);
   CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB - small);
   CHECK(phys_overlap(&f, x, 300 * MiB, p[2], 100 * MiB));
   CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB));
   /* freed on S2 with a use on S1 recorded: pending, its memory still lent */
@@ -877,6 +880,88 @@ TEST(empty_cache_unmaps_free_stitched_ranges) {
   fx_free(&f, y);
   fx_free(&f, fill);
   for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
+/* The small arena after 32 requests of 1 MiB on one stream, all freed, the first (s[0]) into
+ * the fast-path cache: four physical allocations of 8 MiB (one per growth); the last three
+ * wholly free. */
+static void small_arena_of_four(fixture_t* f, void* s[32]) {
+  for (int i = 0; i < 32; i++) s[i] = fx_alloc(f, 1 * MiB, S1);
+  for (int i = 1; i < 32; i++) CHECK_EQ(U(s[i]), U(s[i - 1]) + 1 * MiB);
+  CHECK_EQ(STAT(f, segment, SMALL, current), 4);
+  CHECK_EQ(STAT(f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
+  for (int i = 0; i < 32; i++) fx_free(f, s[i]);
+}
+
+TEST(a_stitched_range_takes_the_small_arena_s_free_memory) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* s[32];
+  small_arena_of_four(&f, s);
+  /* Fits nowhere in the (empty) large arena: the small arena's three free allocations (24
+   * MiB, more than a tenth of the request) are stitched with 176 MiB of new memory; without
+   * them the large arena would grow by all 200. */
+  void* x = fx_alloc(&f, 200 * MiB, S1);
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 176 * (int64_t)MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 208 * (int64_t)MiB);
+  CHECK(phys_overlap(&f, x, 200 * MiB, s[8], 24 * MiB)); /* the small arena's pages */
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 200 * MiB); /* lent in both arenas */
+  /* while x lives, small requests keep off its pages: the cached block, then the rest of the
+   * first allocation */
+  void* t[7];
+  for (int i = 0; i < 7; i++) t[i] = fx_alloc(&f, 1 * MiB, S1);
+  CHECK_EQ(U(t[0]), U(s[0]));
+  for (int i = 0; i < 7; i++) CHECK(!phys_overlap(&f, x, 200 * MiB, t[i], 1 * MiB));
+  fx_free(&f, x); /* its pages go back to the small arena, and serve small requests again */
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 0);
+  void* u[25];
+  for (int i = 0; i < 25; i++) u[i] = fx_alloc(&f, 1 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
+  CHECK(phys_overlap(&f, x, 200 * MiB, u[24], 1 * MiB));
+  fx_free(&f, u[24]); /* first, into an empty fast-path cache - but on the range's pages: */
+  for (int i = 0; i < 24; i++) fx_free(&f, u[i]); /* not kept there, so ... */
+  for (int i = 0; i < 7; i++) fx_free(&f, t[i]);
+  uint64_t calls = memory_calls(&f);
+  void* x2 = fx_alloc(&f, 200 * MiB, S1); /* ... the range finds its memory free again */
+  CHECK_EQ(U(x2), U(x));
+  CHECK_EQ(memory_calls(&f), calls);
+  fx_free(&f, x2);
+  fx_close(&f);
+}
+
+/* A small request that fits both on pages a cached stitched range maps and elsewhere goes
+ * elsewhere, even where that fits less well: the range's block, requested again, finds its
+ * memory free and needs no new range (no provider call). */
+TEST(small_requests_keep_off_the_pages_of_a_cached_range) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* s[32];
+  small_arena_of_four(&f, s);
+  void* x = fx_alloc(&f, 200 * MiB, S1); /* as above: on the last three small allocations */
+  fx_free(&f, x);
+  void* a[31]; /* the 31 free MiB again, in order: s[1..7], then the range's pages */
+  for (int i = 0; i < 31; i++) a[i] = fx_alloc(&f, 1 * MiB, S1);
+  CHECK_EQ(U(a[0]), U(s[0])); /* the cached block */
+  CHECK_EQ(U(a[30]), U(s[30]));
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
+  fx_free(&f, a[1]);  /* into the fast-path cache (full: 1 MiB) */
+  fx_free(&f, a[30]); /* on the range's pages: never cached; free, with the arena's end */
+  fx_free(&f, a[3]);  /* a hole of 2 MiB off the range's pages ... */
+  fx_free(&f, a[4]);
+  fx_free(&f, a[16]); /* ... and one of 1 MiB on them */
+  void* y = fx_alloc(&f, 768 * KiB, S1); /* best fit would take a[16]'s hole */
+  CHECK_EQ(U(y), U(a[3]));
+  fx_free(&f, y);
+  for (int i = 0; i < 30; i++) {
+    if (i != 1 && i != 3 && i != 4 && i != 16) fx_free(&f, a[i]);
+  }
+  uint64_t calls = memory_calls(&f);
+  void* x2 = fx_alloc(&f, 200 * MiB, S1); /* the same range: its pages are free */
+  CHECK_EQ(U(x2), U(x));
+  CHECK_EQ(memory_calls(&f), calls);
+  fx_free(&f, x2);
   fx_close(&f);
 }
 
@@ -937,6 +1022,8 @@ int main(void) {
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
   RUN(a_huge_request_comes_in_few_pieces);
   RUN(stitching_respects_streams);
+  RUN(a_stitched_range_takes_the_small_arena_s_free_memory);
+  RUN(small_requests_keep_off_the_pages_of_a_cached_range);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   TEST_MAIN_END();
