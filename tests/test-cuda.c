@@ -9,7 +9,8 @@
  *    until that stream's work is done;
  *  - out of memory: more than the card has is refused after the cache is freed, and the
  *    heap keeps working; a request that fits only once the cache is freed succeeds;
- *  - empty_cache: the driver's free memory rises by exactly the bytes the heap released.
+ *  - empty_cache: the driver's free memory rises by exactly the bytes the heap released;
+ *  - policy:stash's stitched ranges, over holes and over the small arena's pages.
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -277,6 +278,50 @@ TEST(stash_stitches_holes_on_the_gpu) {
   CHECK_OK(stash_heap_destroy(h));
 }
 
+/* policy:stash: a stitched range maps the small arena's wholly free physical allocations
+ * next to new memory of the large arena; written through the range and through small blocks
+ * around it, every byte reads back (no overlap on the real device), and once the range's
+ * block is freed, small blocks on its former pages work too. */
+TEST(stash_stitches_small_arena_pages_on_the_gpu) {
+  stash_heap_t* h = open_heap("policy:stash");
+  if (!h) return;
+  void* s[32];
+  for (int i = 0; i < 32; i++) CHECK_OK(stash_heap_alloc(h, 1 * MiB, NULL, &s[i]));
+  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 32 * (int64_t)MiB);
+  for (int i = 0; i < 32; i++) CHECK_OK(stash_heap_free(h, s[i]));
+  void* x = NULL;
+  CHECK_OK(stash_heap_alloc(h, 200 * MiB, NULL, &x));
+  stash_stats_t st = stats_of(h);
+  /* 176 MiB of new memory: the other 24 are lent by the small arena */
+  CHECK_EQ(st.reserved_bytes[STASH_STAT_LARGE].current, 176 * (int64_t)MiB);
+  live_t lx = {x, 200 * MiB, 0x5A11A7E5u, NULL};
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)x, lx.pattern, lx.size / 4, NULL), CUDA_SUCCESS);
+  live_t t[7];
+  for (int i = 0; i < 7; i++) {
+    t[i] = (live_t){NULL, 1 * MiB, 0x7E570000u + (uint32_t)i, NULL};
+    CHECK_OK(stash_heap_alloc(h, t[i].size, NULL, &t[i].p));
+    CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)t[i].p, t[i].pattern, t[i].size / 4, NULL),
+             CUDA_SUCCESS);
+  }
+  CHECK(verify(&lx));
+  for (int i = 0; i < 7; i++) CHECK(verify(&t[i]));
+  CHECK_OK(stash_heap_free(h, x));
+  live_t u[25];
+  for (int i = 0; i < 25; i++) {
+    u[i] = (live_t){NULL, 1 * MiB, 0x0DD50000u + (uint32_t)i, NULL};
+    CHECK_OK(stash_heap_alloc(h, u[i].size, NULL, &u[i].p));
+    CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)u[i].p, u[i].pattern, u[i].size / 4, NULL),
+             CUDA_SUCCESS);
+  }
+  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 32 * (int64_t)MiB);
+  for (int i = 0; i < 25; i++) CHECK(verify(&u[i]));
+  for (int i = 0; i < 7; i++) CHECK(verify(&t[i]));
+  for (int i = 0; i < 25; i++) CHECK_OK(stash_heap_free(h, u[i].p));
+  for (int i = 0; i < 7; i++) CHECK_OK(stash_heap_free(h, t[i].p));
+  CHECK_OK(stash_heap_check(h));
+  CHECK_OK(stash_heap_destroy(h));
+}
+
 /* ---- driver errors ----------------------------------------------------------------------- */
 
 TEST(driver_errors_name_the_call_and_the_error) {
@@ -369,6 +414,7 @@ int main(void) {
   RUN(record_stream_waits_for_the_other_stream);
   RUN(out_of_memory_frees_the_cache_and_recovers);
   RUN(stash_stitches_holes_on_the_gpu);
+  RUN(stash_stitches_small_arena_pages_on_the_gpu);
   RUN(driver_errors_name_the_call_and_the_error);
   free(g_host);
   TEST_MAIN_END();
