@@ -145,6 +145,13 @@ STASH_API const stash_provider_t* stash_sim_provider(stash_sim_t* sim);
 /* Complete all work queued so far on `stream`: events recorded on it become complete. */
 STASH_API void stash_sim_complete(stash_sim_t* sim, void* stream);
 
+/* Until called again with 0: mem_alloc places each allocation at addr when that range is
+ * free on the simulated device and outside its virtual-address region (else as the driver
+ * would). For replaying a traced program's own driver layout: PyTorch breaks ties between
+ * equally good free blocks by address, and a training process's cudaMalloc addresses follow
+ * no layout the simulation can predict (other allocations of the process come and go). */
+STASH_API void stash_sim_place_at(stash_sim_t* sim, uint64_t addr);
+
 /* Calls made so far of one kind (STASH_CALL_ANY: all kinds). */
 STASH_API uint64_t stash_sim_calls(const stash_sim_t* sim, stash_provider_call_t call);
 STASH_API void stash_sim_reset_calls(stash_sim_t* sim);

@@ -95,6 +95,7 @@ struct stash_sim_s {
   chunk_t* chunks;            /* mem_alloc chunks, sorted by start */
   size_t nchunks, cap_chunks;
   uint64_t chunk_top;         /* the next chunk ends here */
+  uint64_t place_hint;        /* stash_sim_place_at: where mem_alloc places next (0: none) */
   ptrmap_t handles;           /* id -> handle_t* */
   ptrmap_t pages;             /* page address -> (piece id << 1) | accessible */
   ptrmap_t pieces;            /* piece id -> piece_t* */
@@ -224,8 +225,25 @@ static bool chunk_take(chunk_t* c, size_t ri, uint64_t size) {
   return true;
 }
 
+/* Place `size` bytes at the hinted address when nothing is there: a chunk of its own, wholly
+ * taken, so that the driver-like placement never hands it out. */
+static bool place_hinted(stash_sim_t* s, uint64_t size, uint64_t* out) {
+  uint64_t at = s->place_hint;
+  if (!at || at % s->gran || at + size < at) return false;
+  if (at < SIM_VA_LIMIT && at + size > SIM_VA_BASE) return false;
+  for (size_t k = 0; k < s->nchunks; k++) {
+    const chunk_t* o = &s->chunks[k];
+    if (at < o->start + o->size && o->start < at + size) return false;
+  }
+  chunk_t c = {.start = at, .size = size};
+  if (!chunk_insert(s, c)) return false;
+  *out = at;
+  return true;
+}
+
 /* Place `size` bytes (a multiple of 2 MiB) as the driver does. */
 static stash_status_t place_alloc(stash_sim_t* s, uint64_t size, uint64_t* out) {
+  if (place_hinted(s, size, out)) return STASH_OK;
   chunk_t* best = NULL;
   size_t best_ri = 0;
   for (size_t k = 0; k < s->nchunks; k++) {
@@ -247,6 +265,19 @@ static stash_status_t place_alloc(stash_sim_t* s, uint64_t size, uint64_t* out) 
   uint64_t csize = (size + SIM_CHUNK - 1) / SIM_CHUNK * SIM_CHUNK;
   if (csize < size || s->chunk_top < SIM_VA_LIMIT + csize)
     return stash_provider_error(STASH_ERR_OOM, "sim: out of address space");
+  /* Below any chunk placed at a traced address (stash_sim_place_at) that is in the way. */
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t k = 0; k < s->nchunks; k++) {
+      const chunk_t* o = &s->chunks[k];
+      if (o->start < s->chunk_top && s->chunk_top - csize < o->start + o->size) {
+        s->chunk_top = o->start;
+        moved = true;
+      }
+    }
+    if (s->chunk_top < SIM_VA_LIMIT + csize)
+      return stash_provider_error(STASH_ERR_OOM, "sim: out of address space");
+  }
   chunk_t c = {.start = s->chunk_top - csize, .size = csize};
   if (csize > size && !ra_insert_at(&c.free, 0, (range_t){c.start + size, csize - size}))
     return stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory");
@@ -830,6 +861,12 @@ void stash_sim_complete(stash_sim_t* s, void* stream) {
   int si = stream_index(s, stream);
   if (si >= 0) s->streams[si].completed = s->streams[si].recorded;
   pthread_mutex_unlock(&s->lock);
+}
+
+void stash_sim_place_at(stash_sim_t* sim, uint64_t addr) {
+  pthread_mutex_lock(&sim->lock);
+  sim->place_hint = addr;
+  pthread_mutex_unlock(&sim->lock);
 }
 
 uint64_t stash_sim_calls(const stash_sim_t* cs, stash_provider_call_t call) {

@@ -1,5 +1,6 @@
 /* test-sim: the simulated provider - legality checks, events, fault injection, and the
- * driver-like placement of plain allocations against addresses measured on the H200. */
+ * driver-like placement of plain allocations against addresses measured on the H200, and
+ * placement at a traced program's own addresses (stash_sim_place_at). */
 #include <math.h>
 
 #include "fixture.h"
@@ -79,6 +80,45 @@ TEST(freed_ranges_are_reused_lowest_first) {
   CHECK_OK(p->mem_free(p->ctx, 0, d, 2 * MiB));
   CHECK_OK(p->mem_free(p->ctx, 0, a, 100 * MiB));
   CHECK_OK(p->mem_free(p->ctx, 0, b, 20 * MiB));
+  stash_sim_usage_t u;
+  stash_sim_usage(sim, 0, &u);
+  CHECK_EQ(u.used_bytes, 0);
+  CHECK_EQ(u.allocations, 0);
+  stash_sim_destroy(sim);
+}
+
+TEST(placement_at_traced_addresses) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  uint64_t a, b, c, d, e, f;
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &a)); /* the start-up 2 MiB range */
+  stash_sim_place_at(sim, a + 290 * MiB);         /* free: taken there, above everything */
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 20 * MiB, &b));
+  CHECK_EQ(b, a + 290 * MiB);
+  stash_sim_place_at(sim, a);                      /* in use: placed as the driver would */
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 20 * MiB, &c));
+  CHECK_EQ(c, a + 74 * MiB);
+  stash_sim_place_at(sim, a + 300 * MiB + 4096);   /* not page-aligned: likewise */
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 2 * MiB, &d));
+  CHECK_EQ(d, a + 94 * MiB);
+  /* A hinted range where the next chunk would go: that chunk goes below it. */
+  uint64_t top = a - 0x19e00000ULL;
+  stash_sim_place_at(sim, top - 32 * MiB);
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 20 * MiB, &e));
+  CHECK_EQ(e, top - 32 * MiB);
+  stash_sim_place_at(sim, 0);
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 30 * MiB, &f));
+  CHECK_EQ(f, top - 64 * MiB);
+  /* A freed hinted range is released and can be hinted again. */
+  CHECK_OK(p->mem_free(p->ctx, 0, b, 20 * MiB));
+  stash_sim_place_at(sim, b);
+  CHECK_OK(p->mem_alloc(p->ctx, 0, 20 * MiB, &b));
+  CHECK_EQ(b, a + 290 * MiB);
+  stash_sim_place_at(sim, 0);
+  uint64_t all[][2] = {{a, 2 * MiB}, {b, 20 * MiB}, {c, 20 * MiB}, {d, 2 * MiB},
+                       {e, 20 * MiB}, {f, 30 * MiB}};
+  for (size_t i = 0; i < 6; i++) CHECK_OK(p->mem_free(p->ctx, 0, all[i][0], all[i][1]));
   stash_sim_usage_t u;
   stash_sim_usage(sim, 0, &u);
   CHECK_EQ(u.used_bytes, 0);
@@ -232,6 +272,7 @@ TEST(fault_injection_counts) {
 int main(void) {
   RUN(placement_matches_the_driver);
   RUN(freed_ranges_are_reused_lowest_first);
+  RUN(placement_at_traced_addresses);
   RUN(illegal_calls_are_errors);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);

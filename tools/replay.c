@@ -284,7 +284,9 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
         res_before = stash_heap_reserved_bytes(heap);
         stash_heap_visit(heap, free_segment, &fs);
       }
+      if (sim && opts->trace_addresses) stash_sim_place_at(sim, e->ptr);
       stash_status_t r = stash_heap_alloc(heap, e->size, stream, &ptrs[e->id]);
+      if (sim && opts->trace_addresses) stash_sim_place_at(sim, 0);
       uint64_t res_after = opts->explain ? stash_heap_reserved_bytes(heap) : 0;
       if (opts->explain && (r == STASH_ERR_OOM || res_after > res_before)) {
         char what[96];

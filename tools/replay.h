@@ -68,6 +68,11 @@ typedef struct replay_opts_s {
   bool driver_check;    /* with cuda: compare the driver's memory in use with reserved */
   bool series;          /* record live and reserved bytes after every event */
   bool layout;          /* keep the heap's layout at the peak */
+  /* Simulated: place each new plain segment (cudaMalloc) at the address the traced program
+   * got for the allocation that made it, where that range is free (stash_sim_place_at):
+   * the traced process's own driver layout, so that ties PyTorch breaks by address break
+   * the same way. */
+  bool trace_addresses;
   /* If set: one line here for every allocation that made reserved bytes grow (or ran out of
    * memory), with the free memory of its pool just before it - why it did not fit. */
   FILE* explain;

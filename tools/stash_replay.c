@@ -2,7 +2,8 @@
  * what each configuration reserves.
  *
  *   stash-replay [--conf STR]... [--capacity SIZE] [--json] [--check N]
- *                [--provider sim|cuda] [--device N] [--driver-check] [TRACE...]
+ *                [--trace-addresses] [--provider sim|cuda] [--device N] [--driver-check]
+ *                [TRACE...]
  *
  * With no trace, it replays the ResNet-50 trace shipped with stash under policy:stash and
  * the four PyTorch settings users try: default, expandable segments, max_split_size_mb and
@@ -45,6 +46,10 @@ static void usage(FILE* f) {
           "  --check N        every N events: check every heap invariant and (simulated)\n"
           "                   that every live allocation is usable memory sharing no byte,\n"
           "                   virtual or physical, with another (slow)\n"
+          "  --trace-addresses  simulated: put each new segment (a plain cudaMalloc) where the\n"
+          "                   traced program got the allocation that made it, if that range is\n"
+          "                   free: the traced process's driver layout instead of a fresh\n"
+          "                   process's (PyTorch breaks ties between free blocks by address)\n"
           "  --provider P     sim (default): the simulated device; cuda: a real GPU\n"
           "  --device N       the GPU to replay on, with --provider cuda (default 0)\n"
           "  --driver-check   with cuda: read the driver's memory in use (cuMemGetInfo)\n"
@@ -243,6 +248,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (!strcmp(a, "--json")) {
       json = true;
+    } else if (!strcmp(a, "--trace-addresses")) {
+      opts.trace_addresses = true;
     } else if (!strcmp(a, "--driver-check")) {
       opts.driver_check = true;
     } else if (!strcmp(a, "--html") || !strcmp(a, "--series") || !strcmp(a, "--explain")) {
