@@ -3,7 +3,7 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes (four sets: data/traces/hf, holdout, fresh and later), so that
+models and batch sizes (five sets: data/traces/hf, holdout, fresh, later and final), so that
 policy:stash can be measured on traces of the kind it will be judged on, not only on ones
 recorded with another loop order (tools/gpu/train_compare.py frees the gradients after the
 next forward pass, which keeps them live at its peak).
@@ -214,6 +214,36 @@ WORKLOADS = {
     "regnet_y_3_2gf_b64": lambda: vision("regnet_y_3_2gf", 64),
     "swin_s_b64": lambda: vision("swin_s", 64),
     "vgg16_b64": lambda: vision("vgg16", 64),
+    # A fifth set, recorded after the sixth session's rules were settled (data/traces/final).
+    "gpt2_b2": lambda: gpt2(2),
+    "gpt2_b14": lambda: gpt2(14),
+    "gpt2_medium_b2": lambda: gpt2(2, layers=24, width=1024, heads=16),
+    "llama_b2": lambda: llama(2),
+    "llama_b14": lambda: llama(14),
+    "opt125m_b12": lambda: opt125m(12),
+    "opt350m_b2": lambda: opt350m(2),
+    "t5_b8": lambda: t5(8, 512, 128),
+    "t5_b40": lambda: t5(40, 512, 128),
+    "t5_base_b4": lambda: t5(4, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "bert_b8": lambda: bert_mlm(8, 512),
+    "bert_large_b8": lambda: bert_mlm(8, 512, hidden_size=1024, num_hidden_layers=24,
+                                      num_attention_heads=16, intermediate_size=4096),
+    "roberta_b8": lambda: roberta(8, 512),
+    "vit_b16": lambda: vit(16),
+    "vit_b48": lambda: vit(48),
+    "resnet50_b32": lambda: vision("resnet50", 32),
+    "resnet18_b128": lambda: vision("resnet18", 128),
+    "resnet34_b64": lambda: vision("resnet34", 64),
+    "densenet121_b32": lambda: vision("densenet121", 32),
+    "efficientnet_b0_b64": lambda: vision("efficientnet_b0", 64),
+    "mobilenet_v3_small_b256": lambda: vision("mobilenet_v3_small", 256),
+    "convnext_tiny_b32": lambda: vision("convnext_tiny", 32),
+    "regnet_y_800mf_b128": lambda: vision("regnet_y_800mf", 128),
+    "swin_t_b32": lambda: vision("swin_t", 32),
+    "wide_resnet50_2_b32": lambda: vision("wide_resnet50_2", 32),
+    "vgg11_b64": lambda: vision("vgg11", 64),
+    "resnext50_32x4d_b64": lambda: vision("resnext50_32x4d", 64),
+    "shufflenet_v2_x1_0_b256": lambda: vision("shufflenet_v2_x1_0", 256),
 }
 
 
