@@ -282,6 +282,14 @@ TEST(stash_stitches_holes_on_the_gpu) {
  * next to new memory of the large arena; written through the range and through small blocks
  * around it, every byte reads back (no overlap on the real device), and once the range's
  * block is freed, small blocks on its former pages work too. */
+/* A new block of `size` bytes filled with `pattern` by the driver. */
+static live_t filled(stash_heap_t* h, size_t size, uint32_t pattern) {
+  live_t l = {NULL, size, pattern, NULL};
+  CHECK_OK(stash_heap_alloc(h, size, NULL, &l.p));
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)l.p, pattern, size / 4, NULL), CUDA_SUCCESS);
+  return l;
+}
+
 TEST(stash_stitches_small_arena_pages_on_the_gpu) {
   stash_heap_t* h = open_heap("policy:stash");
   if (!h) return;
@@ -289,30 +297,15 @@ TEST(stash_stitches_small_arena_pages_on_the_gpu) {
   for (int i = 0; i < 32; i++) CHECK_OK(stash_heap_alloc(h, 1 * MiB, NULL, &s[i]));
   CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 32 * (int64_t)MiB);
   for (int i = 0; i < 32; i++) CHECK_OK(stash_heap_free(h, s[i]));
-  void* x = NULL;
-  CHECK_OK(stash_heap_alloc(h, 200 * MiB, NULL, &x));
-  stash_stats_t st = stats_of(h);
+  live_t x = filled(h, 200 * MiB, 0x5A11A7E5u);
   /* 176 MiB of new memory: the other 24 are lent by the small arena */
-  CHECK_EQ(st.reserved_bytes[STASH_STAT_LARGE].current, 176 * (int64_t)MiB);
-  live_t lx = {x, 200 * MiB, 0x5A11A7E5u, NULL};
-  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)x, lx.pattern, lx.size / 4, NULL), CUDA_SUCCESS);
-  live_t t[7];
-  for (int i = 0; i < 7; i++) {
-    t[i] = (live_t){NULL, 1 * MiB, 0x7E570000u + (uint32_t)i, NULL};
-    CHECK_OK(stash_heap_alloc(h, t[i].size, NULL, &t[i].p));
-    CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)t[i].p, t[i].pattern, t[i].size / 4, NULL),
-             CUDA_SUCCESS);
-  }
-  CHECK(verify(&lx));
+  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_LARGE].current, 176 * (int64_t)MiB);
+  live_t t[7], u[25];
+  for (int i = 0; i < 7; i++) t[i] = filled(h, 1 * MiB, 0x7E570000u + (uint32_t)i);
+  CHECK(verify(&x));
   for (int i = 0; i < 7; i++) CHECK(verify(&t[i]));
-  CHECK_OK(stash_heap_free(h, x));
-  live_t u[25];
-  for (int i = 0; i < 25; i++) {
-    u[i] = (live_t){NULL, 1 * MiB, 0x0DD50000u + (uint32_t)i, NULL};
-    CHECK_OK(stash_heap_alloc(h, u[i].size, NULL, &u[i].p));
-    CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)u[i].p, u[i].pattern, u[i].size / 4, NULL),
-             CUDA_SUCCESS);
-  }
+  CHECK_OK(stash_heap_free(h, x.p));
+  for (int i = 0; i < 25; i++) u[i] = filled(h, 1 * MiB, 0x0DD50000u + (uint32_t)i);
   CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 32 * (int64_t)MiB);
   for (int i = 0; i < 25; i++) CHECK(verify(&u[i]));
   for (int i = 0; i < 7; i++) CHECK(verify(&t[i]));
