@@ -15,7 +15,7 @@
  * peak is 256 MiB or more: a model's optimizer state being created, the start of each
  * training step), a large request takes the lowest fitting free block instead of the best
  * fitting one: long-lived blocks pack at the arena's start and leave the rest in large free
- * blocks.
+ * blocks. Once nothing at all is live (a model deleted), the phases start afresh.
  *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
  * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Each physical allocation
@@ -216,8 +216,9 @@ typedef struct sb_state_s {
   size_t cached_bytes;
   stash_loop_t loop;   /* the large blocks' loop detector (loop.c), for turn replay */
   uint64_t forecast[kForecastMax][2]; /* _stash_loop_forecast's answer: (offset, size) */
-  int64_t live_peak;   /* the most bytes ever allocated at once (not reset with the stats) */
-  bool dropped;        /* live bytes have fallen to half of live_peak once: no more bursts */
+  int64_t live_peak;   /* the most bytes allocated at once since nothing was (the stats' peak
+                          resets do not touch it) */
+  bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
   uint16_t* small_ranged; /* [page]: stitched ranges mapping that page of the small arena */
   size_t cap_small_ranged;
   size_t nsmall_ranged;   /* small-arena pages some range maps */
@@ -1419,6 +1420,11 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     }
   }
   int64_t live = h->stats.allocated_bytes[STASH_STAT_ALL].current;
+  if (live == 0) { /* everything was freed (a model deleted): the phases start afresh */
+    s->live_peak = 0;
+    s->dropped = false;
+    s->arenas[1].last_grow_pages = 0; /* and no burst continues the old one */
+  }
   if (live > s->live_peak) s->live_peak = live;
   if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) s->dropped = true;
   st = try_alloc(h, size, slot, &b);

@@ -706,6 +706,33 @@ TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   fx_close(&f);
 }
 
+/* Once nothing is live (a model deleted), the phases start afresh: the next model's first
+ * pass grows in bursts again, and the quiet phase counts from its own peak. */
+TEST(a_heap_emptied_starts_its_phases_afresh) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* v[12];
+  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* 374 MiB, in a burst */
+  for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* below half: no more bursts ... */
+  fx_free(&f, v[0]);
+  fx_free(&f, v[1]); /* ... until nothing is live */
+  void* w[18];
+  int64_t grown[18];
+  for (int i = 0; i < 18; i++) { /* 14 fit in the 374 MiB; then growths back to back */
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    w[i] = fx_alloc(&f, 25 * MiB, S1);
+    grown[i] = (STAT(&f, reserved_bytes, LARGE, current) - before) / (int64_t)MiB;
+  }
+  for (int i = 0; i < 14; i++) CHECK_EQ(grown[i], 0);
+  CHECK_EQ(grown[14], 20); /* 1 MiB more than the 24 left free: the 20 MiB minimum ... */
+  CHECK_EQ(grown[15], 40); /* ... then twice the last one: a burst, as in a first pass */
+  CHECK_EQ(grown[16], 0);
+  CHECK_EQ(grown[17], 80);
+  for (int i = 0; i < 18; i++) fx_free(&f, w[i]);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 TEST(while_little_is_live_a_large_block_takes_the_lowest_fit) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -1016,6 +1043,7 @@ int main(void) {
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
+  RUN(a_heap_emptied_starts_its_phases_afresh);
   RUN(while_little_is_live_a_large_block_takes_the_lowest_fit);
   RUN(a_mid_sized_request_is_stitched_from_a_head_and_a_tail);
   RUN(a_request_the_holes_give_less_than_half_of_grows_the_arena);
