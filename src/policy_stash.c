@@ -45,9 +45,9 @@
  * Small requests keep off the small arena's pages that a range maps while other memory fits
  * them (the best fitting block elsewhere, among the first 64), and a block freed there is
  * not kept in the fast path's cache: a range whose memory is free again serves its block
- * again without a new range. New allocations are mapped at the range only; at their place in the arena not
- * before the arena first hands out a block on them (arena_ready) - a range whose memory
- * serves it turn after turn never pays the second mapping. Stitched ranges stay mapped and
+ * again without a new range. New allocations are mapped at the range only; at their place
+ * in the arena not before the arena first hands out a block on them (arena_ready) - a range
+ * whose memory serves it turn after turn never pays the second mapping. Stitched ranges stay mapped and
  * serve later requests of a similar size (at most twice as large) whenever their memory is
  * free again, or, if blocks have since taken a little of one end, whenever the block fits
  * a little further along - so once a training loop repeats, every request finds the same
@@ -219,7 +219,7 @@ typedef struct sb_state_s {
   int64_t live_peak;   /* the most bytes allocated at once since nothing was (the stats' peak
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
-  uint16_t* small_ranged; /* [page]: stitched ranges mapping that page of the small arena */
+  uint32_t* small_ranged; /* [page]: stitched ranges mapping that page of the small arena */
   size_t cap_small_ranged;
   size_t nsmall_ranged;   /* small-arena pages some range maps */
 } sb_state;
@@ -967,7 +967,7 @@ static stash_status_t small_ranged_add(sb_state* s, const sb_stitch* st, int del
       top = home_page(st->homes[i]) + 1;
   if (top > s->cap_small_ranged) { /* room first: nothing is counted on a failure */
     size_t cap = s->cap_small_ranged;
-    uint16_t* v = _stash_array_grow(s->small_ranged, &cap, top, sizeof *v, 64);
+    uint32_t* v = _stash_array_grow(s->small_ranged, &cap, top, sizeof *v, 64);
     if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     memset(v + s->cap_small_ranged, 0, (cap - s->cap_small_ranged) * sizeof *v);
     s->small_ranged = v;
@@ -1864,6 +1864,22 @@ static stash_status_t sb_check(stash_heap_t* h) {
       });
       if (!carved) FAIL("lent memory is not carved out of the arena");
     }
+  }
+  { /* the small arena's pages that ranges map, counted as the ranges say */
+    size_t pages = 0, counted = 0, summed = 0;
+    bool wrong = false;
+    for (size_t p = 0; p < s->cap_small_ranged; p++) {
+      size_t maps = 0;
+      for (sb_stitch* x = s->stitches; x && s->small_ranged[p]; x = x->next_st)
+        for (size_t i = 0; i < x->npages; i++) maps += x->homes[i] == ((uint32_t)p | kSmallHome);
+      wrong |= maps != s->small_ranged[p];
+      pages += s->small_ranged[p] != 0;
+      summed += s->small_ranged[p];
+    }
+    for (sb_stitch* x = s->stitches; x; x = x->next_st)
+      for (size_t i = 0; i < x->npages; i++) counted += (x->homes[i] & kSmallHome) != 0;
+    if (wrong || pages != s->nsmall_ranged || summed != counted)
+      FAIL("the counts of small-arena pages in stitched ranges are out of date");
   }
   if (live != s->allocated.count) FAIL("the address map holds stale entries");
   if (total != h->total_reserved) FAIL("total reserved %zu != %zu", h->total_reserved, total);
