@@ -3,7 +3,7 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes (five sets: data/traces/hf, holdout, fresh, later and final), so that
+models and batch sizes (six sets: data/traces/hf, holdout, fresh, later, final and blind), so that
 policy:stash can be measured on traces of the kind it will be judged on, not only on ones
 recorded with another loop order (tools/gpu/train_compare.py frees the gradients after the
 next forward pass, which keeps them live at its peak).
@@ -244,6 +244,38 @@ WORKLOADS = {
     "vgg11_b64": lambda: vision("vgg11", 64),
     "resnext50_32x4d_b64": lambda: vision("resnext50_32x4d", 64),
     "shufflenet_v2_x1_0_b256": lambda: vision("shufflenet_v2_x1_0", 256),
+    # A sixth set, recorded at the start of the seventh session, before any change, and not
+    # looked at until that session's rules were settled (data/traces/blind).
+    "gpt2_b3": lambda: gpt2(3),
+    "gpt2_b16": lambda: gpt2(16),
+    "gpt2_medium_b3": lambda: gpt2(3, layers=24, width=1024, heads=16),
+    "gpt2_large_b1": lambda: gpt2(1, layers=36, width=1280, heads=20),
+    "llama_b3": lambda: llama(3),
+    "llama_b5": lambda: llama(5),
+    "opt125m_b6": lambda: opt125m(6),
+    "opt350m_b6": lambda: opt350m(6),
+    "t5_b12": lambda: t5(12, 512, 128),
+    "t5_b48": lambda: t5(48, 512, 128),
+    "t5_base_b12": lambda: t5(12, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "bert_b24": lambda: bert_mlm(24, 512),
+    "bert_large_b4": lambda: bert_mlm(4, 512, hidden_size=1024, num_hidden_layers=24,
+                                      num_attention_heads=16, intermediate_size=4096),
+    "roberta_b12": lambda: roberta(12, 512),
+    "vit_b24": lambda: vit(24),
+    "vit_large_b16": lambda: vit(16, hidden_size=1024, num_hidden_layers=24,
+                                 num_attention_heads=16, intermediate_size=4096),
+    "resnet50_b96": lambda: vision("resnet50", 96),
+    "resnet101_b32": lambda: vision("resnet101", 32),
+    "resnet18_b64": lambda: vision("resnet18", 64),
+    "densenet201_b32": lambda: vision("densenet201", 32),
+    "mobilenet_v2_b128": lambda: vision("mobilenet_v2", 128),
+    "efficientnet_b2_b64": lambda: vision("efficientnet_b2", 64),
+    "convnext_tiny_b48": lambda: vision("convnext_tiny", 48),
+    "regnet_y_400mf_b256": lambda: vision("regnet_y_400mf", 256),
+    "vgg13_b32": lambda: vision("vgg13", 32),
+    "mnasnet1_0_b128": lambda: vision("mnasnet1_0", 128),
+    "swin_t_b48": lambda: vision("swin_t", 48),
+    "resnext101_32x8d_b16": lambda: vision("resnext101_32x8d", 16),
 }
 
 
