@@ -32,9 +32,12 @@
  * allocations that are wholly free right now - in the large arena's holes, the largest hole
  * first, then the small arena's (small requests peak at other times than large ones: an
  * optimizer's step against the forward pass), then at the large arena's free end - and, for
- * what is still missing, one new
- * allocation of at most 1 GiB (several for more; 1/64 of a request above 64 GiB each),
- * appended to the arena. The driver maps whole physical allocations only, never a part
+ * what is still missing, one new allocation of at most 1 GiB (several for more; 1/64 of a
+ * request above 64 GiB each), appended to the arena. A request of 64-128 MiB that fits
+ * nowhere is stitched only when whole free allocations - the holes', the small arena's, the
+ * free end's - cover all of it, with no new memory (T5-small's 94 MiB logits at its second
+ * step's peak, while the small arena holds the optimizer's idle memory); otherwise the arena
+ * grows. The driver maps whole physical allocations only, never a part
  * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
  * memory, it may begin with an allocation of which only the end is free (its "head": the
  * free end of a hole that does not hold it whole) and end with one of which only the start
@@ -96,6 +99,8 @@
 #define kQuietShare 4                       /* below 1/this of the peak, first fit */
 #define kFirstFitTries 256                  /* fitting free blocks first fit compares, at most */
 #define kStitchMin ((size_t)128 << 20)      /* requests this large may be stitched ... */
+#define kStitchCoverMin ((size_t)64 << 20)  /* (smaller ones from this size, only when whole
+                                               free allocations cover them: no new memory) */
 #define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them in
                                                whole allocations, or at least half with the
                                                best head and tail */
@@ -1136,7 +1141,7 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, sb_edge* hd, sb_edge* t
 
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
  * free, else a new one if the holes give enough of it; else *out = NULL: grow the arena. */
-static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
+static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, bool cover_only,
                                    sb_stitch** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[1];
@@ -1178,7 +1183,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
   size_t got = stitch_from_free(h, slot, need, homes);
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
   bool edges_found = false;
-  if (got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
+  if (!cover_only && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
     stitch_edges(h, slot, &hd, &tl);
     edges_found = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
@@ -1193,6 +1198,10 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot,
     take_whole_handles(h, a->last, need, homes, &at_end);
   if (at_end >= need) {
     hd.found = tl.found = false; /* no new memory: no head or tail either */
+  } else if (cover_only) { /* free memory does not cover it: grow instead */
+    free(homes);
+    *out = NULL;
+    return STASH_OK;
   } else {
     if (!edges_found) stitch_edges(h, slot, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
@@ -1343,11 +1352,11 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     cache_flush(s);
     b = best_fit(a, size, slot);
   }
-  if (!b && !a->small && size >= kStitchMin) {
+  if (!b && !a->small && size >= kStitchCoverMin) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
-    stash_status_t r = stitch_alloc(h, size, slot, &st);
+    stash_status_t r = stitch_alloc(h, size, slot, size < kStitchMin, &st);
     if (r != STASH_OK || !st) block_delete(s, ub);
     if (r != STASH_OK) return r;
     if (!st) goto grow;
