@@ -3,7 +3,8 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes (six sets: data/traces/hf, holdout, fresh, later, final and blind), so that
+models and batch sizes (seven sets: data/traces/hf, holdout, fresh, later, final, blind and
+post), so that
 policy:stash can be measured on traces of the kind it will be judged on, not only on ones
 recorded with another loop order (tools/gpu/train_compare.py frees the gradients after the
 next forward pass, which keeps them live at its peak).
@@ -276,6 +277,34 @@ WORKLOADS = {
     "mnasnet1_0_b128": lambda: vision("mnasnet1_0", 128),
     "swin_t_b48": lambda: vision("swin_t", 48),
     "resnext101_32x8d_b16": lambda: vision("resnext101_32x8d", 16),
+    # A seventh set, recorded after the seventh session's rule was settled (data/traces/post).
+    "t5_b6": lambda: t5(6, 512, 128),
+    "t5_b10": lambda: t5(10, 512, 128),
+    "t5_b20": lambda: t5(20, 512, 128),
+    "t5_b28": lambda: t5(28, 512, 128),
+    "t5_base_b6": lambda: t5(6, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b10": lambda: t5(10, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "swin_s_b32": lambda: vision("swin_s", 32),
+    "swin_s_b48": lambda: vision("swin_s", 48),
+    "gpt2_b5": lambda: gpt2(5),
+    "gpt2_medium_b5": lambda: gpt2(5, layers=24, width=1024, heads=16),
+    "llama_b7": lambda: llama(7),
+    "opt125m_b10": lambda: opt125m(10),
+    "opt350m_b3": lambda: opt350m(3),
+    "bert_b12": lambda: bert_mlm(12, 512),
+    "roberta_b20": lambda: roberta(20, 512),
+    "vit_b40": lambda: vit(40),
+    "vit_large_b24": lambda: vit(24, hidden_size=1024, num_hidden_layers=24,
+                                 num_attention_heads=16, intermediate_size=4096),
+    "resnet50_b48": lambda: vision("resnet50", 48),
+    "resnet152_b48": lambda: vision("resnet152", 48),
+    "densenet121_b48": lambda: vision("densenet121", 48),
+    "efficientnet_b1_b64": lambda: vision("efficientnet_b1", 64),
+    "convnext_small_b48": lambda: vision("convnext_small", 48),
+    "regnet_y_1_6gf_b64": lambda: vision("regnet_y_1_6gf", 64),
+    "mobilenet_v3_large_b128": lambda: vision("mobilenet_v3_large", 128),
+    "wide_resnet50_2_b48": lambda: vision("wide_resnet50_2", 48),
+    "vgg16_b32": lambda: vision("vgg16", 32),
 }
 
 
