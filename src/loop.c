@@ -153,6 +153,12 @@ static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   return x;
 }
 
+bool _stash_loop_in_turn(const stash_loop_t* L) {
+  uint64_t e = L->base + L->n, p = L->period;
+  if (L->disabled || !p || L->run < p || e - L->base <= p) return false;
+  return at(L, e - 1)->live == at(L, e - 1 - p)->live;
+}
+
 bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset) {
   const stash_loop_ev_t* x = counterpart(L, size);
   if (!x || x->offset == STASH_LOOP_NONE) return false;

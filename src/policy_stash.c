@@ -18,7 +18,11 @@
  * blocks. Once nothing at all is live (a model deleted), the phases start afresh.
  *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
- * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Each physical allocation
+ * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Not the small arena in a
+ * repeating turn of a training loop (loop.c; after live bytes first halve, one stream): there
+ * a growth would be a driver call in the steady state, and a small request that the small
+ * arena's drifting layout cannot fit takes the large arena's best fit instead (it still
+ * counts as small, by its size, and the loop detector does not see it). Each physical allocation
  * costs one cuMemSetAccess piece (~19 us: docs/driver-costs.md), so the large arena grows in
  * allocations of up to 192 MiB (1/16 of a request above 3 GiB), and, until live bytes first
  * fall to half their peak (the first forward pass), a growth that comes within 20
@@ -504,7 +508,9 @@ static void stat_dec(stash_stat_t* a, bool small, size_t n) {
   _stash_stat_array_dec(a, small, (int64_t)n);
 }
 
-static bool block_small(const sb_block* b) { return b->arena && b->arena->small; }
+/* A block of the small pool (statistics, the loop detector): by its size, as in PyTorch - a
+ * small block may lie in the large arena (try_alloc, in a repeating turn). */
+static bool block_small(const sb_block* b) { return b->size <= kSmallLimit; }
 
 /* ---- Arenas: reserving, growing, shrinking ---------------------------------------------------- */
 
@@ -1369,6 +1375,13 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     return STASH_OK;
   }
 grow:
+  if (!b && a->small && s->dropped && s->nstreams <= 1 && _stash_loop_in_turn(&s->loop)) {
+    /* In a repeating turn, a growth is a driver call in the steady state: a small request
+     * that drifted out of the small arena takes the large arena's best fit instead. */
+    a = &s->arenas[1];
+    b = best_fit(a, size, slot);
+    if (!b) a = &s->arenas[0];
+  }
   if (!b) {
     size_t tail = free_tail(a, slot);
     stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false,
@@ -1447,7 +1460,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   }
   if (st != STASH_OK) return st;
-  if (b->stitch || !b->arena->small) /* a large block: tell the loop detector */
+  if (!block_small(b)) /* a large block: tell the loop detector */
     b->loop_id = _stash_loop_alloc(&s->loop, b->size,
                                    b->stitch ? STASH_LOOP_NONE : b->ptr - b->arena->base);
 got:
@@ -1823,7 +1836,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
         /* dead: held, not usable, counted in reserved only; cached: checked above */
       } else if (b->kind == K_PHANTOM) {
         if (!b->stitch || !b->stitch->user) FAIL("a phantom block lends to no live stitched block");
-      } else if (!count_user(s, &n, t, b, &live)) {
+      } else if (!count_user(s, &n, block_small(b) ? STASH_STAT_SMALL : STASH_STAT_LARGE, b,
+                             &live)) {
         FAIL("a live block is not in the map");
       } else {
         size_t lo = (size_t)(b->ptr - a->base) / G, hi = (size_t)(b->ptr + b->size - a->base + G - 1) / G;

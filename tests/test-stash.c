@@ -790,6 +790,50 @@ TEST(turn_replay_falls_back_clear_of_what_the_turn_will_want) {
   fx_close(&f);
 }
 
+/* In a repeating turn (after the first drop of live bytes), a small request the small arena
+ * cannot fit takes the large arena's best fit instead of growing the small arena: a growth
+ * there would be a driver call in the steady state (post/bert_b12 and post/t5_b10 made 3
+ * each, from small-arena drift). Outside a turn the small arena grows as before. The block
+ * counts as small (by its size), and the loop detector does not see it. */
+TEST(in_a_repeating_turn_a_small_request_takes_large_arena_memory) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = fx_alloc(&f, 10 * MiB, S1); /* live across turns: the phases never restart */
+  void* s[17];
+  for (int i = 0; i < 9; i++) s[i] = fx_alloc(&f, 1 * MiB, S1); /* no loop yet: grows */
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 16 * (int64_t)MiB);
+  for (int i = 0; i < 9; i++) fx_free(&f, s[i]);
+  for (int t = 0; t < 6; t++) { /* turns: 300 and 100 MiB, then both freed */
+    void* a = fx_alloc(&f, 300 * MiB, S1);
+    void* b = fx_alloc(&f, 100 * MiB, S1);
+    fx_free(&f, a);
+    fx_free(&f, b);
+  }
+  uint64_t calls = memory_calls(&f);
+  int64_t small_reserved = STAT(&f, reserved_bytes, SMALL, current);
+  int64_t large_reserved = STAT(&f, reserved_bytes, LARGE, current);
+  for (int i = 0; i < 17; i++) s[i] = fx_alloc(&f, 1 * MiB, S1); /* 16 fit, the 17th not */
+  CHECK_EQ(memory_calls(&f), calls);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), small_reserved);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), large_reserved);
+  CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 17 * (int64_t)MiB);
+  CHECK(U(s[16]) < U(s[0]) || U(s[16]) >= U(s[0]) + 16 * MiB); /* not in the small arena */
+  CHECK_OK(stash_heap_check(f.heap));
+  for (int i = 0; i < 17; i++) fx_free(&f, s[i]);
+  CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 0);
+  CHECK_OK(stash_heap_check(f.heap));
+  /* the turns go on without a provider call */
+  for (int t = 0; t < 2; t++) {
+    void* a = fx_alloc(&f, 300 * MiB, S1);
+    void* b = fx_alloc(&f, 100 * MiB, S1);
+    fx_free(&f, a);
+    fx_free(&f, b);
+  }
+  CHECK_EQ(memory_calls(&f), calls);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* [A 40 used + 60 free][B 30][C 65 free + 35 used][D 4][16]: a head of 60 (A's free end), a
  * tail of 65 (C's free start), no free allocation whole. */
 static void head_and_tail(fixture_t* f, void* p[4], void** fill, void** a1, void** c2) {
@@ -1109,6 +1153,7 @@ int main(void) {
   RUN(a_mid_sized_request_is_stitched_from_a_head_and_a_tail);
   RUN(a_request_the_holes_give_less_than_half_of_grows_the_arena);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
+  RUN(in_a_repeating_turn_a_small_request_takes_large_arena_memory);
   RUN(a_huge_request_comes_in_few_pieces);
   RUN(stitching_respects_streams);
   RUN(a_stitched_range_takes_the_small_arena_s_free_memory);
