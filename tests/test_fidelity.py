@@ -57,6 +57,14 @@ def main():
             continue
         for setting, conf, g in zip(settings, confs, got):
             rows += 1
+            # the driver-time model and the second half's provider calls are the simulated
+            # device's counts: numbers there, null (nothing counted) on a GPU
+            sim_only = [g[k] for k in ("modeled_driver_us", "device_allocs_second_half",
+                                       "device_frees_second_half")]
+            if (provider == "sim") != all(v is not None for v in sim_only) or \
+                    (provider != "sim" and any(v is not None for v in sim_only)):
+                print("%s %s: sim-only fields %s on provider %s" % (name, conf, sim_only, provider))
+                failures += 1
             want = t["pytorch"][setting]
             assert g["conf"] == conf
             if g["events"] != t["events"] or g["peak_live_bytes"] != t["peak_live_bytes"]:

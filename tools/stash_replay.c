@@ -99,16 +99,23 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          "\"peak_reserved_bytes\": %llu, \"peak_allocated_bytes\": %llu, "
          "\"peak_active_bytes\": %llu, \"utilization\": %.6f, \"device_allocs\": %llu, "
          "\"device_frees\": %llu, \"alloc_retries\": %llu, \"ooms\": %llu, "
-         "\"ns_per_event\": %.1f, \"modeled_driver_us\": %.1f, "
-         "\"device_allocs_second_half\": %llu, \"device_frees_second_half\": %llu",
+         "\"ns_per_event\": %.1f",
          (unsigned long long)r->events, t->nstreams, (unsigned long long)r->peak_live_bytes,
          (unsigned long long)r->peak_reserved_bytes, (unsigned long long)r->peak_allocated_bytes,
          (unsigned long long)r->peak_active_bytes,
          r->peak_reserved_bytes ? (double)r->peak_live_bytes / (double)r->peak_reserved_bytes : 0.0,
          (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees,
-         (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event,
-         r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
-         (unsigned long long)r->device_frees_second_half);
+         (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event);
+  /* The modelled driver time and the provider calls of the second half are counted by the
+   * simulated device only: null on a real one (not zero - nothing was counted). */
+  if (!strcmp(provider, "sim"))
+    printf(", \"modeled_driver_us\": %.1f, \"device_allocs_second_half\": %llu, "
+           "\"device_frees_second_half\": %llu",
+           r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
+           (unsigned long long)r->device_frees_second_half);
+  else
+    printf(", \"modeled_driver_us\": null, \"device_allocs_second_half\": null, "
+           "\"device_frees_second_half\": null");
   if (!strcmp(provider, "sim")) {
     /* every kind of call made: how many, and their modelled cost */
     printf(", \"calls\": {");
@@ -156,13 +163,16 @@ static void print_table_row(const char* conf, const replay_result_t* r, bool bes
                                        : 0.0;
   uint64_t wasted = r->peak_reserved_bytes > r->peak_live_bytes
                         ? r->peak_reserved_bytes - r->peak_live_bytes : 0;
-  char driver[32] = "-";
-  if (modeled) snprintf(driver, sizeof driver, "%.2f", r->modeled_driver_us / 1000.0);
-  printf("%c %-44s %15llu %9.2f %5.1f%% %9.2f %9.2f %7llu %7llu %9s %6llu %5llu %9.0f\n",
+  char driver[32] = "-", late[32] = "-"; /* counted by the simulated device only */
+  if (modeled) {
+    snprintf(driver, sizeof driver, "%.2f", r->modeled_driver_us / 1000.0);
+    snprintf(late, sizeof late, "%llu",
+             (unsigned long long)(r->device_allocs_second_half + r->device_frees_second_half));
+  }
+  printf("%c %-44s %15llu %9.2f %5.1f%% %9.2f %9.2f %7llu %7llu %9s %6s %5llu %9.0f\n",
          best ? '*' : ' ', conf, (unsigned long long)r->peak_reserved_bytes,
          gib(r->peak_reserved_bytes), util, gib(wasted), gib(r->peak_live_bytes),
-         (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees, driver,
-         (unsigned long long)(r->device_allocs_second_half + r->device_frees_second_half),
+         (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees, driver, late,
          (unsigned long long)r->ooms, r->ns_per_event);
 }
 
