@@ -7,6 +7,8 @@
  * allocation statistics as they were, a failed free must leave the block allocated (it is
  * freed again later). At the end everything is freed, the heap destroyed, and the
  * simulated device must hold nothing: no leak. Then the same with random failures.
+ * policy:stash runs two scripts ("policy:stash#turns" names the second: the heap sees
+ * "policy:stash"), each of whose clean run reaches the branches it is there for.
  */
 #include "fixture.h"
 
@@ -181,20 +183,61 @@ static void script_stash(run_t* r) {
   op_alloc(r, 13, 2048 * MiB, S1); /* out of memory, after releasing the cache */
 }
 
+/* policy:stash's two rules of the seventh session, each reached by a clean run: a request of
+ * 64-128 MiB that fits nowhere, stitched from wholly free allocations with no new memory;
+ * and, in a repeating turn, small requests that take the large arena's memory instead of
+ * growing the small arena. Capacity 1 GiB. */
+#define STITCH_COVERED (100 * MiB)
+#define SMALL_IN_TURN 9 /* the small arena holds 8 MiB: the 9th would grow it */
+static void script_stash_turns(run_t* r) {
+  op_alloc(r, 0, 60 * MiB, S1); /* A: one allocation of 60 MiB */
+  for (int i = 0; i < 21; i++) { /* apart from the next growth: no burst */
+    op_alloc(r, 31, 1000, S1);
+    op_free(r, 31);
+  }
+  op_alloc(r, 1, 20 * MiB, S1); /* B: 20 MiB */
+  for (int i = 0; i < 21; i++) {
+    op_alloc(r, 31, 1000, S1);
+    op_free(r, 31);
+  }
+  op_alloc(r, 2, 40 * MiB, S1); /* C: 40 MiB, the arena's end */
+  op_free(r, 0);
+  op_free(r, 2);
+  op_alloc(r, 3, STITCH_COVERED, S1); /* fits nowhere; A's and C's allocations cover it */
+  if (r->clean) CHECK(in_stitched_range(r, r->p[3]));
+  op_free(r, 3);
+  for (int t = 0; t < 6; t++) { /* turns of a loop: live bytes rise to 420 MiB, fall to 20 */
+    op_alloc(r, 4, 300 * MiB, S1);
+    op_alloc(r, 5, 100 * MiB, S1);
+    op_free(r, 4);
+    op_free(r, 5);
+  }
+  int64_t small = r->clean ? fx_stats(&r->f).reserved_bytes[STASH_STAT_SMALL].current : 0;
+  for (int i = 6; i < 6 + SMALL_IN_TURN; i++) op_alloc(r, i, 1 * MiB, S1);
+  if (r->clean) CHECK_EQ(fx_stats(&r->f).reserved_bytes[STASH_STAT_SMALL].current, small);
+  for (int i = 6; i < 6 + SMALL_IN_TURN; i++) op_free(r, i);
+  op_empty(r);
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
   memset(&r, 0, sizeof r);
+  bool turns = strstr(conf, "#turns") != NULL; /* the second policy:stash script */
   bool stash = strstr(conf, "policy:stash") != NULL;
-  if (!fx_open(&r.f, conf, stash ? 1024 * MiB : 200 * MiB)) return false;
+  char heap_conf[64];
+  snprintf(heap_conf, sizeof heap_conf, "%.*s", (int)strcspn(conf, "#"), conf);
+  if (!fx_open(&r.f, heap_conf, stash ? 1024 * MiB : 200 * MiB)) return false;
   stash_sim_reset_calls(r.f.sim);
   r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  if (stash) script_stash(&r);
+  if (turns) script_stash_turns(&r);
+  else if (stash) script_stash(&r);
   else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
-  if (!nth && p == 0 && call == STASH_CALL_ANY) {
+  if (turns && !nth && p == 0) CHECK_EQ(r.failures, 0);
+  if (!turns && !nth && p == 0 && call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
     bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
@@ -257,6 +300,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
 
 static const char* const k_confs[] = {
     "policy:stash",
+    "policy:stash#turns", /* script_stash_turns (the heap sees "policy:stash") */
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",
