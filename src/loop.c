@@ -135,6 +135,12 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
   detect(L, e);
 }
 
+bool _stash_loop_in_turn(const stash_loop_t* L) {
+  uint64_t e = L->base + L->n, p = L->period;
+  if (L->disabled || !p || L->run < p || e - L->base <= p) return false;
+  return at(L, e - 1)->live == at(L, e - 1 - p)->live; /* else a layer repeating, not a turn */
+}
+
 /* The counterpart of the allocation of size bytes about to happen, within a loop that has
  * repeated a whole turn and at the point of the turn where live bytes equal those a turn
  * before: the allocation one turn earlier, or two turns earlier when the one a turn earlier
@@ -142,8 +148,7 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
  * repeats every two turns); NULL otherwise. */
 static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
-  if (L->disabled || !p || L->run < p || e - L->base <= p) return NULL;
-  if (at(L, e - 1)->live != at(L, e - 1 - p)->live) return NULL; /* not a turn */
+  if (!_stash_loop_in_turn(L)) return NULL;
   const stash_loop_ev_t* x = at(L, e - p);
   if (x->code != alloc_code(size)) return NULL;
   if (!x->freed && e - L->base > 2 * p) { /* it lives on: its memory is taken */
@@ -151,12 +156,6 @@ static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
     if (y->code == x->code && y->freed) return y;
   }
   return x;
-}
-
-bool _stash_loop_in_turn(const stash_loop_t* L) {
-  uint64_t e = L->base + L->n, p = L->period;
-  if (L->disabled || !p || L->run < p || e - L->base <= p) return false;
-  return at(L, e - 1)->live == at(L, e - 1 - p)->live;
 }
 
 bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset) {

@@ -1146,7 +1146,8 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, sb_edge* hd, sb_edge* t
 }
 
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
- * free, else a new one if the holes give enough of it; else *out = NULL: grow the arena. */
+ * free, else a new one if the holes give enough of it (`cover_only`: if whole free allocations
+ * cover all of it, with no new memory); else *out = NULL: grow the arena. */
 static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, bool cover_only,
                                    sb_stitch** out) {
   sb_state* s = S(h);
@@ -1299,11 +1300,6 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
   return carve(s, fb, at, size, pre, post);
 }
 
-/* Turn replay's fallback, for a large block whose counterpart address is taken (or whose
- * counterpart was stitched): the best fitting free block - of the first kClearFitTries -
- * whose front stays clear of where the allocations the counterpart lived beside went one turn
- * earlier (_stash_loop_forecast); NULL when there is no forecast or no such block. Placing a
- * block where the rest of its turn will want to go would move them too, turn after turn. */
 /* The best fitting free block of the small arena whose front, where the block would go,
  * touches no page a stitched range maps (among the first kClearFitTries fits); NULL if none:
  * those pages are the ranges', while other memory serves. */
@@ -1315,6 +1311,11 @@ static sb_block* small_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t s
   return NULL;
 }
 
+/* Turn replay's fallback, for a large block whose counterpart address is taken (or whose
+ * counterpart was stitched): the best fitting free block - of the first kClearFitTries -
+ * whose front stays clear of where the allocations the counterpart lived beside went one turn
+ * earlier (_stash_loop_forecast); NULL when there is no forecast or no such block. Placing a
+ * block where the rest of its turn will want to go would move them too, turn after turn. */
 static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
   size_t n = 0;
   if (s->nstreams > 1 || !_stash_loop_forecast(&s->loop, size, s->forecast, kForecastMax, &n))

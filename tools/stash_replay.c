@@ -108,15 +108,14 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event);
   /* The modelled driver time and the provider calls of the second half are counted by the
    * simulated device only: null on a real one (not zero - nothing was counted). */
-  if (!strcmp(provider, "sim"))
+  if (strcmp(provider, "sim") != 0) {
+    printf(", \"modeled_driver_us\": null, \"device_allocs_second_half\": null, "
+           "\"device_frees_second_half\": null");
+  } else {
     printf(", \"modeled_driver_us\": %.1f, \"device_allocs_second_half\": %llu, "
            "\"device_frees_second_half\": %llu",
            r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
            (unsigned long long)r->device_frees_second_half);
-  else
-    printf(", \"modeled_driver_us\": null, \"device_allocs_second_half\": null, "
-           "\"device_frees_second_half\": null");
-  if (!strcmp(provider, "sim")) {
     /* every kind of call made: how many, and their modelled cost */
     printf(", \"calls\": {");
     int first = 1;
