@@ -18,7 +18,7 @@
  * blocks. Once nothing at all is live (a model deleted), the phases start afresh.
  *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
- * accessible, of at least 8 MiB (small arena) or 20 MiB (large). Not the small arena in a
+ * accessible, of at least 2 MiB (small arena) or 20 MiB (large). Not the small arena in a
  * repeating turn of a training loop (loop.c; after live bytes first halve, one stream): there
  * a growth would be a driver call in the steady state, and a small request that the small
  * arena's drifting layout cannot fit takes the large arena's best fit instead (it still
@@ -28,7 +28,10 @@
  * fall to half their peak (the first forward pass), a growth that comes within 20
  * allocations of the last one takes twice the last one's size, up to 192 MiB: fewer,
  * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
- * near the peak is reserved for nothing).
+ * near the peak is reserved for nothing). The small arena bursts likewise, at any time, up to
+ * 8 MiB: 2 MiB steps where growth is rare (a late step's few small requests) - up to 6 MiB
+ * less reserved for nothing than one 8 MiB step - and 8 MiB ones where it is frequent (an
+ * optimizer's state of many 1 MiB tensors being made), so as not to pay four times the calls.
  *
  * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
  * give at least a tenth of it in whole physical allocations - or half of it in whole
@@ -89,7 +92,9 @@
 
 #define kMinBlock ((size_t)512)
 #define kSmallLimit ((size_t)1 << 20)    /* requests up to this go to the small arena */
-#define kSmallGrowBytes ((size_t)8 << 20)  /* the small arena grows by at least this */
+#define kSmallGrowBytes ((size_t)2 << 20)  /* the small arena grows by at least this ... */
+#define kSmallBurstMax ((size_t)8 << 20)   /* ... or, soon after its last growth, by twice
+                                              that one, up to this */
 #define kLargeGrowBytes ((size_t)20 << 20) /* the large arena grows by at least this */
 #define kLargePieceMax ((size_t)192 << 20) /* the large arena's new memory comes in physical
                                               allocations of at most this (fewer pieces cost
@@ -567,10 +572,11 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
   size_t step = exact ? 0 : a->grow_bytes / G;
-  if (!exact && !a->small && !s->dropped && a->last_grow_pages &&
+  if (!exact && (a->small || !s->dropped) && a->last_grow_pages &&
       s->nallocs - a->allocs_at_last_grow <= kBurstAllocs) {
     size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
-    if (burst > kBurstMax / G) burst = kBurstMax / G;
+    size_t cap = (a->small ? kSmallBurstMax : kBurstMax) / G;
+    if (burst > cap) burst = cap;
     if (burst > step) step = burst;
   }
   size_t pages = need_pages > step ? need_pages : step;

@@ -73,10 +73,10 @@ static size_t bytes_in_state(fixture_t* f, stash_block_state_t state) {
 TEST(small_and_large_arenas) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* a = fx_alloc(&f, 1, NULL); /* 512-byte minimum, small arena, grown by 8 MiB */
+  void* a = fx_alloc(&f, 1, NULL); /* 512-byte minimum, small arena, grown by 2 MiB */
   CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 512);
   CHECK_EQ(STAT(&f, requested_bytes, SMALL, current), 1);
-  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 8 * MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 2 * MiB);
   void* b = fx_alloc(&f, 513, NULL); /* 1024, right after a: the block is split at its front */
   CHECK_EQ(U(b), U(a) + 512);
   void* c = fx_alloc(&f, 1 * MiB, NULL); /* exactly 1 MiB: still small */
@@ -213,12 +213,36 @@ TEST(fast_path_serves_the_same_size_from_the_cache) {
   fx_close(&f);
 }
 
+/* The small arena grows by 2 MiB, or, within 20 allocations of its last growth, by twice that
+ * one, up to 8 MiB: few calls while many small blocks are made at once (an optimizer's state),
+ * little reserved for nothing where growth is rare. */
+TEST(small_arena_grows_by_2_MiB_doubling_when_growth_is_frequent) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  static const int64_t after[30] = {2,  2,  6,  6,  6,  6,  14, 14, 14, 14, 14, 14, 14, 14, 22,
+                                    22, 22, 22, 22, 22, 22, 22, 30, 30, 30, 30, 30, 30, 30, 30};
+  void* s[32];
+  for (int i = 0; i < 30; i++) {
+    s[i] = fx_alloc(&f, 1 * MiB, S1);
+    CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), after[i] * (int64_t)MiB);
+  }
+  CHECK_EQ(STAT(&f, segment, SMALL, current), 5); /* 2, 4, 8, 8, 8 */
+  for (int i = 0; i < 21; i++) fx_free(&f, fx_alloc(&f, 2 * MiB, S1)); /* (large ones) */
+  s[30] = fx_alloc(&f, 1 * MiB, S1); /* long after the last growth: 2 MiB again */
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
+  s[31] = fx_alloc(&f, 1 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
+  CHECK_OK(stash_heap_check(f.heap));
+  for (int i = 0; i < 32; i++) fx_free(&f, s[i]);
+  fx_close(&f);
+}
+
 TEST(fast_path_caches_at_most_1_MiB_and_merges_before_growing) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* b[16]; /* the small arena's first 8 MiB, full */
-  for (int i = 0; i < 16; i++) b[i] = fx_alloc(&f, 512 * KiB, S1);
-  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 8 * MiB);
+  void* b[4]; /* the small arena's first 2 MiB, full */
+  for (int i = 0; i < 4; i++) b[i] = fx_alloc(&f, 512 * KiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 2 * MiB);
   for (int i = 0; i < 3; i++) fx_free(&f, b[i]); /* b0, b1 cached (1 MiB); b2 is not */
   void* x = fx_alloc(&f, 512 * KiB, S1);
   CHECK_EQ(U(x), U(b[1])); /* the last one cached; not b2, which the cache had no room for */
@@ -226,11 +250,11 @@ TEST(fast_path_caches_at_most_1_MiB_and_merges_before_growing) {
   uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
   void* y = fx_alloc(&f, MiB, S1); /* no free block fits: the cache is merged, and then b0-b2 do */
   CHECK_EQ(U(y), U(b[0]));
-  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 8 * MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 2 * MiB);
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
   CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, y);
-  for (int i = 3; i < 16; i++) fx_free(&f, b[i]);
+  fx_free(&f, b[3]);
   CHECK_OK(stash_heap_empty_cache(f.heap)); /* cached blocks too are given back */
   CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 0);
   fx_close(&f);
@@ -324,7 +348,7 @@ TEST(empty_cache_gives_back_the_free_ends) {
   /* b's growth lies wholly in the free end: given back; a's and the small arena stay */
   int64_t after = STAT(&f, reserved_bytes, ALL, current);
   CHECK(after < before);
-  CHECK(after >= (int64_t)(30 * MiB + 8 * MiB));
+  CHECK(after >= (int64_t)(30 * MiB + 2 * MiB));
   CHECK(stash_sim_calls(f.sim, STASH_CALL_phys_release) >= 1);
   CHECK(stash_sim_calls(f.sim, STASH_CALL_stream_synchronize) >= 1); /* b was S1's */
   fx_free(&f, a);
@@ -344,11 +368,11 @@ TEST(empty_cache_gives_back_the_free_ends) {
 TEST(out_of_memory_releases_then_fails_cleanly) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 64 * MiB)) return;
-  void* s = fx_alloc(&f, 1000, S1); /* small arena: 8 MiB */
+  void* s = fx_alloc(&f, 1000, S1); /* small arena: 2 MiB */
   fx_free(&f, s);
   void* a = fx_alloc(&f, 40 * MiB, S1);
-  fx_free(&f, a); /* 48 MiB reserved, all of it free */
-  void* b = fx_alloc(&f, 60 * MiB, S1); /* needs the small arena's memory back first */
+  fx_free(&f, a); /* 42 MiB reserved, all of it free */
+  void* b = fx_alloc(&f, 63 * MiB, S1); /* needs the small arena's memory back first */
   CHECK(b != NULL);
   stash_stats_t st = fx_stats(&f);
   CHECK_EQ(st.num_alloc_retries, 1);
@@ -799,9 +823,9 @@ TEST(in_a_repeating_turn_a_small_request_takes_large_arena_memory) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* keep = fx_alloc(&f, 10 * MiB, S1); /* live across turns: the phases never restart */
-  void* s[17];
+  void* s[15];
   for (int i = 0; i < 9; i++) s[i] = fx_alloc(&f, 1 * MiB, S1); /* no loop yet: grows */
-  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 16 * (int64_t)MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 14 * (int64_t)MiB); /* 2 + 4 + 8 */
   for (int i = 0; i < 9; i++) fx_free(&f, s[i]);
   for (int t = 0; t < 6; t++) { /* turns: 300 and 100 MiB, then both freed */
     void* a = fx_alloc(&f, 300 * MiB, S1);
@@ -812,14 +836,14 @@ TEST(in_a_repeating_turn_a_small_request_takes_large_arena_memory) {
   uint64_t calls = memory_calls(&f);
   int64_t small_reserved = STAT(&f, reserved_bytes, SMALL, current);
   int64_t large_reserved = STAT(&f, reserved_bytes, LARGE, current);
-  for (int i = 0; i < 17; i++) s[i] = fx_alloc(&f, 1 * MiB, S1); /* 16 fit, the 17th not */
+  for (int i = 0; i < 15; i++) s[i] = fx_alloc(&f, 1 * MiB, S1); /* 14 fit, the 15th not */
   CHECK_EQ(memory_calls(&f), calls);
   CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), small_reserved);
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), large_reserved);
-  CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 17 * (int64_t)MiB);
-  CHECK(U(s[16]) < U(s[0]) || U(s[16]) >= U(s[0]) + 16 * MiB); /* not in the small arena */
+  CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 15 * (int64_t)MiB);
+  CHECK(U(s[14]) < U(s[0]) || U(s[14]) >= U(s[0]) + 14 * MiB); /* not in the small arena */
   CHECK_OK(stash_heap_check(f.heap));
-  for (int i = 0; i < 17; i++) fx_free(&f, s[i]);
+  for (int i = 0; i < 15; i++) fx_free(&f, s[i]);
   CHECK_EQ(STAT(&f, allocated_bytes, SMALL, current), 0);
   CHECK_OK(stash_heap_check(f.heap));
   /* the turns go on without a provider call */
@@ -954,66 +978,72 @@ TEST(empty_cache_unmaps_free_stitched_ranges) {
   fx_close(&f);
 }
 
-/* The small arena after 32 requests of 1 MiB on one stream, all freed, the first (s[0]) into
- * the fast-path cache: four physical allocations of 8 MiB (one per growth); the last three
- * wholly free. */
-static void small_arena_of_four(fixture_t* f, void* s[32]) {
-  for (int i = 0; i < 32; i++) s[i] = fx_alloc(f, 1 * MiB, S1);
-  for (int i = 1; i < 32; i++) CHECK_EQ(U(s[i]), U(s[i - 1]) + 1 * MiB);
-  CHECK_EQ(STAT(f, segment, SMALL, current), 4);
-  CHECK_EQ(STAT(f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
-  for (int i = 0; i < 32; i++) fx_free(f, s[i]);
+/* The small arena after 30 requests of 1 MiB on one stream: five physical allocations, one
+ * per growth, of 2, 4, 8, 8 and 8 MiB (each growth soon after the last doubles it, up to 8
+ * MiB). All freed but s[5], which pins the 4 MiB one; the first (s[0]) into the fast-path
+ * cache. The last three allocations are wholly free; off them, s[0]'s cached block and
+ * s[1]-s[4]. */
+static void small_arena_of_five(fixture_t* f, void* s[30]) {
+  for (int i = 0; i < 30; i++) s[i] = fx_alloc(f, 1 * MiB, S1);
+  for (int i = 1; i < 30; i++) CHECK_EQ(U(s[i]), U(s[i - 1]) + 1 * MiB);
+  CHECK_EQ(STAT(f, segment, SMALL, current), 5);
+  CHECK_EQ(STAT(f, reserved_bytes, SMALL, current), 30 * (int64_t)MiB);
+  for (int i = 0; i < 30; i++)
+    if (i != 5) fx_free(f, s[i]);
 }
 
 TEST(a_stitched_range_takes_the_small_arena_s_free_memory) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* s[32];
-  small_arena_of_four(&f, s);
+  void* s[30];
+  small_arena_of_five(&f, s);
   /* Fits nowhere in the (empty) large arena: the small arena's three free allocations (24
    * MiB, more than a tenth of the request) are stitched with 176 MiB of new memory; without
    * them the large arena would grow by all 200. */
   void* x = fx_alloc(&f, 200 * MiB, S1);
   CHECK(find(&f, x).in_stitched);
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 176 * (int64_t)MiB);
-  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 208 * (int64_t)MiB);
-  CHECK(phys_overlap(&f, x, 200 * MiB, s[8], 24 * MiB)); /* the small arena's pages */
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 206 * (int64_t)MiB);
+  CHECK(phys_overlap(&f, x, 200 * MiB, s[6], 24 * MiB)); /* the small arena's pages */
+  CHECK(!phys_overlap(&f, x, 200 * MiB, s[1], 4 * MiB)); /* not the pinned allocation's */
   CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 200 * MiB); /* lent in both arenas */
   /* while x lives, small requests keep off its pages: the cached block, then the rest of the
-   * first allocation */
-  void* t[7];
-  for (int i = 0; i < 7; i++) t[i] = fx_alloc(&f, 1 * MiB, S1);
+   * first two allocations */
+  void* t[5];
+  for (int i = 0; i < 5; i++) t[i] = fx_alloc(&f, 1 * MiB, S1);
   CHECK_EQ(U(t[0]), U(s[0]));
-  for (int i = 0; i < 7; i++) CHECK(!phys_overlap(&f, x, 200 * MiB, t[i], 1 * MiB));
+  for (int i = 0; i < 5; i++) CHECK(!phys_overlap(&f, x, 200 * MiB, t[i], 1 * MiB));
   fx_free(&f, x); /* its pages go back to the small arena, and serve small requests again */
   CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 0);
-  void* u[25];
-  for (int i = 0; i < 25; i++) u[i] = fx_alloc(&f, 1 * MiB, S1);
-  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
-  CHECK(phys_overlap(&f, x, 200 * MiB, u[24], 1 * MiB));
-  fx_free(&f, u[24]); /* first, into an empty fast-path cache - but on the range's pages: */
-  for (int i = 0; i < 24; i++) fx_free(&f, u[i]); /* not kept there, so ... */
-  for (int i = 0; i < 7; i++) fx_free(&f, t[i]);
+  void* u[24];
+  for (int i = 0; i < 24; i++) u[i] = fx_alloc(&f, 1 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 30 * (int64_t)MiB);
+  CHECK(phys_overlap(&f, x, 200 * MiB, u[23], 1 * MiB));
+  fx_free(&f, u[23]); /* first, into an empty fast-path cache - but on the range's pages: */
+  for (int i = 0; i < 23; i++) fx_free(&f, u[i]); /* not kept there, so ... */
+  for (int i = 0; i < 5; i++) fx_free(&f, t[i]);
   uint64_t calls = memory_calls(&f);
   void* x2 = fx_alloc(&f, 200 * MiB, S1); /* ... the range finds its memory free again */
   CHECK_EQ(U(x2), U(x));
   CHECK_EQ(memory_calls(&f), calls);
   fx_free(&f, x2);
+  fx_free(&f, s[5]);
   fx_close(&f);
 }
 
-/* The small arena's first four allocations (32 MiB) wholly free (the fast path's cache was
- * merged when quiet()'s small blocks needed a fifth); the large arena as layout_full() makes
- * it, with B (30 MiB) and D (20 MiB, the free end) freed. */
+/* The small arena's first five allocations (2, 4, 8, 8 and 8 MiB: 30) wholly free (the fast
+ * path's cache holds quiet()'s block, of the sixth, grown for it); the large arena as
+ * layout_full() makes it, with B (30 MiB) and D (20 MiB, the free end) freed. */
 static uintptr_t g_small_base;
 static uintptr_t small_base(fixture_t* f) { (void)f; return g_small_base; }
 static void mid_sized_setup(fixture_t* f, void* p[4], void** fill) {
-  void* s[32];
-  for (int i = 0; i < 32; i++) s[i] = fx_alloc(f, 1 * MiB, S1);
+  void* s[30];
+  for (int i = 0; i < 30; i++) s[i] = fx_alloc(f, 1 * MiB, S1);
   g_small_base = U(s[0]);
   layout_full(f, p, fill, S1);
-  for (int i = 0; i < 32; i++) fx_free(f, s[i]);
-  CHECK_EQ(STAT(f, segment, SMALL, current), 5);
+  for (int i = 0; i < 30; i++) fx_free(f, s[i]);
+  CHECK_EQ(STAT(f, segment, SMALL, current), 6);
+  CHECK_EQ(STAT(f, reserved_bytes, SMALL, current), 38 * (int64_t)MiB);
   fx_free(f, p[1]);
   fx_free(f, p[3]);
   fx_free(f, *fill);
@@ -1030,21 +1060,21 @@ TEST(a_mid_sized_request_is_stitched_only_from_free_memory) {
   void *p[4], *fill;
   mid_sized_setup(&f, p, &fill);
   int64_t before = STAT(&f, reserved_bytes, ALL, current);
-  CHECK_EQ(before, (40 + 250) * (int64_t)MiB);
+  CHECK_EQ(before, (38 + 250) * (int64_t)MiB);
   uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
-  /* whole free allocations: B's 30 MiB, the small arena's 32 and D's 20: 82 MiB */
-  void* x = fx_alloc(&f, 82 * MiB, S1);
+  /* whole free allocations: B's 30 MiB, the small arena's 30 and D's 20: 80 MiB */
+  void* x = fx_alloc(&f, 80 * MiB, S1);
   CHECK(find(&f, x).in_stitched);
   CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), before);
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
-  CHECK(phys_overlap(&f, x, 82 * MiB, p[1], 30 * MiB));
-  CHECK(phys_overlap(&f, x, 82 * MiB, (void*)small_base(&f), 32 * MiB));
+  CHECK(phys_overlap(&f, x, 80 * MiB, p[1], 30 * MiB));
+  CHECK(phys_overlap(&f, x, 80 * MiB, (void*)small_base(&f), 30 * MiB));
   fx_free(&f, x);
   quiet(&f, S1);
-  void* y = fx_alloc(&f, 90 * MiB, S1); /* 82 MiB do not cover it: the arena grows */
+  void* y = fx_alloc(&f, 90 * MiB, S1); /* 80 MiB do not cover it: the arena grows */
   CHECK(!find(&f, y).in_stitched);
   CHECK(STAT(&f, reserved_bytes, ALL, current) > before);
-  CHECK(!phys_overlap(&f, y, 90 * MiB, (void*)small_base(&f), 32 * MiB));
+  CHECK(!phys_overlap(&f, y, 90 * MiB, (void*)small_base(&f), 30 * MiB));
   fx_free(&f, y);
   fx_close(&f);
 }
@@ -1055,7 +1085,7 @@ TEST(a_request_under_64_MiB_is_never_stitched) {
   void *p[4], *fill;
   mid_sized_setup(&f, p, &fill);
   int64_t before = STAT(&f, reserved_bytes, ALL, current);
-  void* x = fx_alloc(&f, 62 * MiB, S1); /* B and the small arena cover it exactly, but it is
+  void* x = fx_alloc(&f, 60 * MiB, S1); /* B and the small arena cover it exactly, but it is
                                           * under 64 MiB: the arena grows */
   CHECK(!find(&f, x).in_stitched);
   CHECK(STAT(&f, reserved_bytes, ALL, current) > before);
@@ -1069,24 +1099,25 @@ TEST(a_request_under_64_MiB_is_never_stitched) {
 TEST(small_requests_keep_off_the_pages_of_a_cached_range) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* s[32];
-  small_arena_of_four(&f, s);
+  void* s[30];
+  small_arena_of_five(&f, s);
   void* x = fx_alloc(&f, 200 * MiB, S1); /* as above: on the last three small allocations */
   fx_free(&f, x);
-  void* a[31]; /* the 31 free MiB again, in order: s[1..7], then the range's pages */
-  for (int i = 0; i < 31; i++) a[i] = fx_alloc(&f, 1 * MiB, S1);
+  void* a[29]; /* the 29 free MiB again, in order: s[0], s[1..4], then the range's pages */
+  for (int i = 0; i < 29; i++) a[i] = fx_alloc(&f, 1 * MiB, S1);
   CHECK_EQ(U(a[0]), U(s[0])); /* the cached block */
-  CHECK_EQ(U(a[30]), U(s[30]));
-  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 32 * (int64_t)MiB);
+  CHECK_EQ(U(a[4]), U(s[4]));
+  CHECK_EQ(U(a[28]), U(s[29]));
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 30 * (int64_t)MiB);
   fx_free(&f, a[1]);  /* into the fast-path cache (full: 1 MiB) */
-  fx_free(&f, a[30]); /* on the range's pages: never cached; free, with the arena's end */
+  fx_free(&f, a[28]); /* on the range's pages: never cached; free, with the arena's end */
   fx_free(&f, a[3]);  /* a hole of 2 MiB off the range's pages ... */
   fx_free(&f, a[4]);
   fx_free(&f, a[16]); /* ... and one of 1 MiB on them */
   void* y = fx_alloc(&f, 768 * KiB, S1); /* best fit would take a[16]'s hole */
   CHECK_EQ(U(y), U(a[3]));
   fx_free(&f, y);
-  for (int i = 0; i < 30; i++) {
+  for (int i = 0; i < 28; i++) {
     if (i != 1 && i != 3 && i != 4 && i != 16) fx_free(&f, a[i]);
   }
   uint64_t calls = memory_calls(&f);
@@ -1094,6 +1125,7 @@ TEST(small_requests_keep_off_the_pages_of_a_cached_range) {
   CHECK_EQ(U(x2), U(x));
   CHECK_EQ(memory_calls(&f), calls);
   fx_free(&f, x2);
+  fx_free(&f, s[5]);
   fx_close(&f);
 }
 
@@ -1129,6 +1161,7 @@ TEST(repeated_steps_make_no_provider_call) {
 
 int main(void) {
   RUN(small_and_large_arenas);
+  RUN(small_arena_grows_by_2_MiB_doubling_when_growth_is_frequent);
   RUN(best_fit_smallest_then_lowest);
   RUN(freed_neighbours_merge);
   RUN(growth_uses_the_free_end_first);
