@@ -305,6 +305,36 @@ WORKLOADS = {
     "mobilenet_v3_large_b128": lambda: vision("mobilenet_v3_large", 128),
     "wide_resnet50_2_b48": lambda: vision("wide_resnet50_2", 48),
     "vgg16_b32": lambda: vision("vgg16", 32),
+    # An eighth set, recorded after the eighth session's small-arena rule was settled, to check
+    # it on runs it was not made on (data/traces/unseen): new batch sizes, and five models
+    # never recorded before (densenet161, efficientnet_b4, swin_b, shufflenet_v2_x2_0, vgg19).
+    "gpt2_b7": lambda: gpt2(7),
+    "gpt2_b9": lambda: gpt2(9),
+    "gpt2_medium_b7": lambda: gpt2(7, layers=24, width=1024, heads=16),
+    "llama_b9": lambda: llama(9),
+    "opt125m_b16": lambda: opt125m(16),
+    "opt350m_b5": lambda: opt350m(5),
+    "t5_b14": lambda: t5(14, 512, 128),
+    "t5_b36": lambda: t5(36, 512, 128),
+    "t5_base_b14": lambda: t5(14, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "bert_b20": lambda: bert_mlm(20, 512),
+    "bert_large_b6": lambda: bert_mlm(6, 512, hidden_size=1024, num_hidden_layers=24,
+                                      num_attention_heads=16, intermediate_size=4096),
+    "roberta_b28": lambda: roberta(28, 512),
+    "vit_b56": lambda: vit(56),
+    "vit_b80": lambda: vit(80),
+    "resnet50_b80": lambda: vision("resnet50", 80),
+    "resnet101_b48": lambda: vision("resnet101", 48),
+    "resnet34_b96": lambda: vision("resnet34", 96),
+    "densenet161_b32": lambda: vision("densenet161", 32),
+    "efficientnet_b4_b32": lambda: vision("efficientnet_b4", 32),
+    "mobilenet_v3_large_b192": lambda: vision("mobilenet_v3_large", 192),
+    "regnet_y_800mf_b64": lambda: vision("regnet_y_800mf", 64),
+    "convnext_tiny_b80": lambda: vision("convnext_tiny", 80),
+    "swin_b_b24": lambda: vision("swin_b", 24),
+    "resnext50_32x4d_b96": lambda: vision("resnext50_32x4d", 96),
+    "shufflenet_v2_x2_0_b128": lambda: vision("shufflenet_v2_x2_0", 128),
+    "vgg19_b32": lambda: vision("vgg19", 32),
 }
 
 
