@@ -293,24 +293,28 @@ static live_t filled(stash_heap_t* h, size_t size, uint32_t pattern) {
 TEST(stash_stitches_small_arena_pages_on_the_gpu) {
   stash_heap_t* h = open_heap("policy:stash");
   if (!h) return;
-  void* s[32];
-  for (int i = 0; i < 32; i++) CHECK_OK(stash_heap_alloc(h, 1 * MiB, NULL, &s[i]));
-  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 32 * (int64_t)MiB);
-  for (int i = 0; i < 32; i++) CHECK_OK(stash_heap_free(h, s[i]));
+  /* 30 MiB of small blocks: allocations of 2, 4, 8, 8 and 8 MiB; s[5] pins the 4 MiB one,
+   * so that the last three (24 MiB) are the small arena's wholly free ones */
+  void* s[30];
+  for (int i = 0; i < 30; i++) CHECK_OK(stash_heap_alloc(h, 1 * MiB, NULL, &s[i]));
+  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 30 * (int64_t)MiB);
+  for (int i = 0; i < 30; i++)
+    if (i != 5) CHECK_OK(stash_heap_free(h, s[i]));
   live_t x = filled(h, 200 * MiB, 0x5A11A7E5u);
   /* 176 MiB of new memory: the other 24 are lent by the small arena */
   CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_LARGE].current, 176 * (int64_t)MiB);
-  live_t t[7], u[25];
-  for (int i = 0; i < 7; i++) t[i] = filled(h, 1 * MiB, 0x7E570000u + (uint32_t)i);
+  live_t t[5], u[24];
+  for (int i = 0; i < 5; i++) t[i] = filled(h, 1 * MiB, 0x7E570000u + (uint32_t)i);
   CHECK(verify(&x));
-  for (int i = 0; i < 7; i++) CHECK(verify(&t[i]));
+  for (int i = 0; i < 5; i++) CHECK(verify(&t[i]));
   CHECK_OK(stash_heap_free(h, x.p));
-  for (int i = 0; i < 25; i++) u[i] = filled(h, 1 * MiB, 0x0DD50000u + (uint32_t)i);
-  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 32 * (int64_t)MiB);
-  for (int i = 0; i < 25; i++) CHECK(verify(&u[i]));
-  for (int i = 0; i < 7; i++) CHECK(verify(&t[i]));
-  for (int i = 0; i < 25; i++) CHECK_OK(stash_heap_free(h, u[i].p));
-  for (int i = 0; i < 7; i++) CHECK_OK(stash_heap_free(h, t[i].p));
+  for (int i = 0; i < 24; i++) u[i] = filled(h, 1 * MiB, 0x0DD50000u + (uint32_t)i);
+  CHECK_EQ(stats_of(h).reserved_bytes[STASH_STAT_SMALL].current, 30 * (int64_t)MiB);
+  for (int i = 0; i < 24; i++) CHECK(verify(&u[i]));
+  for (int i = 0; i < 5; i++) CHECK(verify(&t[i]));
+  for (int i = 0; i < 24; i++) CHECK_OK(stash_heap_free(h, u[i].p));
+  for (int i = 0; i < 5; i++) CHECK_OK(stash_heap_free(h, t[i].p));
+  CHECK_OK(stash_heap_free(h, s[5]));
   CHECK_OK(stash_heap_check(h));
   CHECK_OK(stash_heap_destroy(h));
 }
