@@ -90,36 +90,61 @@
 
 #include "internal.h"
 
+/* The policy's constants. An experiment build (cmake -DSTASH_POLICY_KNOBS=ON) reads each
+ * KNOB_ one from the environment instead, STASH_KNOB_<name>=<integer>, whenever it is used:
+ * tools/compare_policies.py measures a change of one against every recorded trace. Other
+ * builds compile them in. */
+#ifdef STASH_POLICY_KNOBS
+static long long knob(const char* name, long long value) {
+  char key[64];
+  snprintf(key, sizeof key, "STASH_KNOB_%s", name);
+  const char* v = getenv(key);
+  return v && *v ? strtoll(v, NULL, 0) : value;
+}
+#define KNOB_Z(name, value) ((size_t)knob(#name, (long long)(value)))
+#define KNOB_I(name, value) ((int)knob(#name, (value)))
+#else
+#define KNOB_Z(name, value) (value)
+#define KNOB_I(name, value) (value)
+#endif
+
 #define kMinBlock ((size_t)512)
-#define kSmallLimit ((size_t)1 << 20)    /* requests up to this go to the small arena */
-#define kSmallGrowBytes ((size_t)2 << 20)  /* the small arena grows by at least this ... */
-#define kSmallBurstMax ((size_t)8 << 20)   /* ... or, soon after its last growth, by twice
-                                              that one, up to this */
-#define kLargeGrowBytes ((size_t)20 << 20) /* the large arena grows by at least this */
-#define kLargePieceMax ((size_t)192 << 20) /* the large arena's new memory comes in physical
-                                              allocations of at most this (fewer pieces cost
-                                              fewer cuMemSetAccess calls; smaller ones are
-                                              more often wholly free, for stitching) ... */
-#define kLargePieces 16                     /* ... or of 1/16 of a request above 3 GiB */
-#define kBurstAllocs 20                     /* a growth this few allocations after the last */
-#define kBurstMax ((size_t)192 << 20)       /* doubles the last one's size, up to this (until
-                                               live bytes first fall to half their peak) */
-#define kPhaseMinPeak ((size_t)256 << 20)   /* live-byte phases count from a peak this large: */
-#define kQuietShare 4                       /* below 1/this of the peak, first fit */
-#define kFirstFitTries 256                  /* fitting free blocks first fit compares, at most */
-#define kStitchMin ((size_t)128 << 20)      /* requests this large may be stitched ... */
-#define kStitchCoverMin ((size_t)64 << 20)  /* (smaller ones from this size, only when whole
-                                               free allocations cover them: no new memory) */
-#define kStitchHoleShare 10                 /* ... when holes give at least 1/this of them in
-                                               whole allocations, or at least half with the
-                                               best head and tail */
-#define kStitchPiece ((size_t)1 << 30)      /* new memory for a stitched range: one allocation
-                                               of at most this ... */
-#define kStitchPieces 64                    /* ... or of 1/64 of a request above 64 GiB */
-#define kForecastMax 512                    /* turn replay's fallback: allocations foreseen ... */
-#define kClearFitTries 64                   /* ... and fitting free blocks tried, at most */
-#define kStitchMinRun ((size_t)2 << 20)  /* holes smaller than this hold no whole allocation,
-                                            and a head or tail gives at least this */
+#define kSmallLimit ((size_t)1 << 20) /* requests up to this go to the small arena */
+/* The small arena grows by at least kSmallGrowBytes or, soon after its last growth, by twice
+ * that one, up to kSmallBurstMax. */
+#define kSmallGrowBytes KNOB_Z(kSmallGrowBytes, (size_t)2 << 20)
+#define kSmallBurstMax KNOB_Z(kSmallBurstMax, (size_t)8 << 20)
+/* The large arena grows by at least kLargeGrowBytes, in physical allocations of at most
+ * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
+ * wholly free, for stitching), or of 1/kLargePieces of a request above 3 GiB. A growth
+ * kBurstAllocs or fewer allocations after the last doubles the last one's size, up to
+ * kBurstMax (until live bytes first fall to half their peak). */
+#define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)20 << 20)
+#define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
+#define kLargePieces KNOB_I(kLargePieces, 16)
+#define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
+#define kBurstMax KNOB_Z(kBurstMax, (size_t)192 << 20)
+/* Live-byte phases count from a peak of kPhaseMinPeak: below 1/kQuietShare of the peak, first
+ * fit, comparing at most kFirstFitTries fitting free blocks. */
+#define kPhaseMinPeak KNOB_Z(kPhaseMinPeak, (size_t)256 << 20)
+#define kQuietShare KNOB_I(kQuietShare, 4)
+#define kFirstFitTries KNOB_I(kFirstFitTries, 256)
+/* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
+ * of them in whole allocations, or at least half with the best head and tail; smaller ones
+ * from kStitchCoverMin, only when whole free allocations cover them (no new memory). New
+ * memory for a stitched range: one allocation of at most kStitchPiece, or of 1/kStitchPieces
+ * of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole allocation, and
+ * a head or tail gives at least that. */
+#define kStitchMin KNOB_Z(kStitchMin, (size_t)128 << 20)
+#define kStitchHoleShare KNOB_I(kStitchHoleShare, 10)
+#define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)64 << 20)
+#define kStitchPiece KNOB_Z(kStitchPiece, (size_t)1 << 30)
+#define kStitchPieces KNOB_I(kStitchPieces, 64)
+#define kStitchMinRun KNOB_Z(kStitchMinRun, (size_t)2 << 20)
+/* Turn replay's fallback: at most kForecastMax allocations foreseen, and kClearFitTries
+ * fitting free blocks tried. */
+#define kForecastMax 512
+#define kClearFitTries KNOB_I(kClearFitTries, 64)
 
 typedef struct sb_block_s sb_block;
 typedef struct sb_arena_s sb_arena;
@@ -133,8 +158,8 @@ typedef struct sb_stitch_s sb_stitch;
  * for good once a second stream appears (only a single stream's blocks are cached). */
 enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3, K_CACHED = 4 };
 #define kCacheSizes (kSmallLimit / kMinBlock) /* the small arena's 2048 block sizes */
-#define kCacheMaxBytes ((size_t)1 << 20)      /* cached at most; more would hide free memory
-                                                 from best fit and grow the small arena */
+/* cached at most; more would hide free memory from best fit and grow the small arena */
+#define kCacheMaxBytes KNOB_Z(kCacheMaxBytes, (size_t)1 << 20)
 
 
 struct sb_block_s {
