@@ -91,15 +91,23 @@
 #include "internal.h"
 
 /* The policy's constants. An experiment build (cmake -DSTASH_POLICY_KNOBS=ON) reads each
- * KNOB_ one from the environment instead, STASH_KNOB_<name>=<integer>, whenever it is used:
- * tools/compare_policies.py measures a change of one against every recorded trace. Other
- * builds compile them in. */
+ * KNOB_ one from the environment instead, STASH_KNOB_<name>=<positive integer>, whenever it is
+ * used: tools/compare_policies.py measures a change of one against every recorded trace. A
+ * value that is not a positive integer stops the process there (an experiment must not run
+ * on a setting it did not ask for). Other builds compile the constants in. */
 #ifdef STASH_POLICY_KNOBS
 static long long knob(const char* name, long long value) {
   char key[64];
   snprintf(key, sizeof key, "STASH_KNOB_%s", name);
   const char* v = getenv(key);
-  return v && *v ? strtoll(v, NULL, 0) : value;
+  if (!v) return value;
+  char* end = NULL;
+  long long x = strtoll(v, &end, 0);
+  if (!*v || *end || x <= 0) {
+    fprintf(stderr, "%s=%s: not a positive integer\n", key, v);
+    abort();
+  }
+  return x;
 }
 #define KNOB_Z(name, value) ((size_t)knob(#name, (long long)(value)))
 #define KNOB_I(name, value) ((int)knob(#name, (value)))

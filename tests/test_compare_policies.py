@@ -6,11 +6,13 @@ session measured and README published (6085935104, 13738442752, 12857638912, 137
 bytes); today's are the scoreboard's. So the tool must report: peak reserved lower on one
 (bert_varlen_train, by 2 MiB), the same on one (resnet50_train), higher on two (by 6 MiB), all
 three targets on all four under both, and no trace changing sides. Bad settings and sets end
-with an error.
+with an error; so does a constant the experiment build is given directly
+that is not a positive integer (it aborts, naming it).
 
   test_compare_policies.py TOOL STASH_REPLAY KNOB_BUILD_DIR
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -49,6 +51,7 @@ def main():
         check("passing under either", len(out["passing_under_any"]), 4)
     for bad, message in ((["defaults", "kSmallGrowBytes"], "bad setting"),
                          (["defaults", "kSmallGrowBytes=lots"], "invalid literal"),
+                         (["defaults", "kStitchHoleShare=0"], "positive integers"),
                          (["defaults"], "at least two settings"),
                          (["--sets", "shared,nope", "defaults", "defaults"], "unknown set")):
         q = subprocess.run([sys.executable, tool, "--replay", replay, "--knob-build", knobs] + bad,
@@ -56,6 +59,15 @@ def main():
         if q.returncode == 0 or message not in q.stderr:
             failures.append("%s: exit %d, stderr %r (want an error saying %r)" % (
                 bad, q.returncode, q.stderr.strip()[-200:], message))
+    env = dict(os.environ, STASH_KNOB_kStitchHoleShare="0")
+    q = subprocess.run([os.path.join(knobs, "stash-replay"), "--json",
+                        os.path.join(os.path.dirname(tool), "..", "data", "traces",
+                                     "gpt2_train.csv.gz")], capture_output=True, text=True,
+                       env=env)
+    want = "STASH_KNOB_kStitchHoleShare=0: not a positive integer"
+    if q.returncode == 0 or want not in q.stderr:
+        failures.append("the experiment build given kStitchHoleShare=0: exit %d, stderr %r" % (
+            q.returncode, q.stderr.strip()[-200:]))
     for f in failures:
         print("FAIL", f)
     print("%d failure(s)" % len(failures))

@@ -113,7 +113,9 @@ def side(spec, default_exe, knob_dir):
         if not eq or not name.startswith("k") or not value:
             sys.exit("compare_policies: bad setting %r: want defaults, NAME=VALUE[,...] or a "
                      "stash-replay path" % spec)
-        int(value, 0)  # a bad number stops here, with Python's message
+        if int(value, 0) <= 0:  # (a bad number stops in int(), with Python's message)
+            sys.exit("compare_policies: %s=%s: the constants are positive integers" % (
+                name, value))
         env["STASH_KNOB_" + name] = value
     return knob_build(knob_dir), env
 
