@@ -29,12 +29,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from targets_table import CONFS as TABLE_CONFS, targets_met
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DATA = os.path.join(ROOT, "data", "traces")
 SETS = ["shared", "more", "hf", "holdout", "fresh", "later", "final", "blind", "post", "unseen"]
 SHARED = ["resnet50_train", "gpt2_train", "bert_varlen_train", "gpt2_sidestream_train"]
-ANCHOR_CONFS = ["policy:pytorch", "policy:pytorch,expandable_segments:True",
-                "policy:pytorch,max_split_size_mb:200", "policy:pytorch,roundup_power2_divisions:4"]
+ANCHOR_CONFS = TABLE_CONFS[1:]  # PyTorch's four settings, the default first
 
 
 def traces(sets):
@@ -125,10 +126,7 @@ def measure(exe, env, paths, anchor, jobs):
         path, set_ = item
         r = replay(exe, ["policy:stash"], path, env)[0]
         a = anchor[path]
-        late = r["device_allocs_second_half"] + r["device_frees_second_half"]
-        memory = r["utilization"] >= 0.98 and r["peak_reserved_bytes"] <= a["min"]
-        driver = r["modeled_driver_us"] <= a["driver_us"]
-        steady = late == 0 or "varlen" in path
+        memory, driver, steady = targets_met(os.path.basename(path), r, a["min"], a["driver_us"])
         return path, {"set": set_, "peak": r["peak_reserved_bytes"],
                       "driver_us": r["modeled_driver_us"], "all_three": memory and driver and steady,
                       "memory": memory}

@@ -30,14 +30,23 @@ def replay(exe, path):
     return {o["conf"]: o for o in map(json.loads, out.splitlines())}
 
 
+def targets_met(name, stash, lowest_anchor, default_driver_us):
+    """Issue 4's three targets for a policy:stash replay of trace `name` (stash-replay's JSON
+    object): (memory, driver time, steady state), each True when met."""
+    late = stash["device_allocs_second_half"] + stash["device_frees_second_half"]
+    memory = (stash["peak_live_bytes"] / stash["peak_reserved_bytes"] >= 0.98 and
+              stash["peak_reserved_bytes"] <= lowest_anchor)
+    driver = stash["modeled_driver_us"] <= default_driver_us
+    steady = late == 0 or "varlen" in name
+    return memory, driver, steady
+
+
 def row(name, by, async_peak):
     s, p, e = by[CONFS[0]], by[CONFS[1]], by[CONFS[2]]
     live = s["peak_live_bytes"]
     anchors = [by[c]["peak_reserved_bytes"] for c in CONFS[1:]] + [async_peak]
     late = s["device_allocs_second_half"] + s["device_frees_second_half"]
-    memory = live / s["peak_reserved_bytes"] >= 0.98 and s["peak_reserved_bytes"] <= min(anchors)
-    driver = s["modeled_driver_us"] <= p["modeled_driver_us"]
-    steady = late == 0 or "varlen" in name
+    memory, driver, steady = targets_met(name, s, min(anchors), p["modeled_driver_us"])
     met = [w for w, ok in (("memory", memory), ("driver time", driver),
                            ("steady state", steady)) if ok]
     note = "all three" if len(met) == 3 else (", ".join(met) or "none")
