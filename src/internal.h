@@ -147,11 +147,11 @@ STASH_HIDDEN uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t o
 /* Record the free of allocation `id` (STASH_LOOP_NONE if it has none) of size bytes. */
 STASH_HIDDEN void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size);
 /* Whether the allocation of size bytes about to happen is the counterpart of one a turn
- * earlier (two turns, when that one still lives), within a loop that has repeated a whole
- * turn, and the offset that one got. */
+ * earlier (two turns, when that one still lives), within a loop whose period holds, and the
+ * offset that one got. */
 STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset);
-/* Whether the program is now at a point of a loop that has repeated a whole turn where live
- * bytes equal those a turn before (where _stash_loop_hint could offer hints). */
+/* Whether the program is now at a point of a loop whose period holds where live bytes equal
+ * those a turn before (where _stash_loop_hint could offer hints). */
 STASH_HIDDEN bool _stash_loop_in_turn(const stash_loop_t* L);
 /* Where the allocations that the one about to happen will live beside are likely to go:
  * when it has a counterpart (as for _stash_loop_hint, whatever the offset that one got), the

@@ -66,7 +66,8 @@
  * Turn replay: a training loop repeats its allocations turn after turn, but best fit alone
  * lets the layout drift (the blocks that live across a turn's start sit a little
  * differently each time) until some step needs more memory. loop.c watches the large
- * blocks' allocations and frees; once a whole turn has repeated, a large request first
+ * blocks' allocations and frees; once a turn repeats the last (kWindow events of it have,
+ * with the same bytes live as a turn earlier), a large request first
  * tries the address its counterpart got one turn earlier (two turns, for a block that
  * outlives its turn), if that memory is free now. If it is not, the block goes to the best
  * fitting free block that stays clear of where the allocations its counterpart lived beside
