@@ -32,9 +32,9 @@ static int turn(stash_loop_t* L, uint64_t base, uint64_t want_base, int* hints) 
 }
 
 TEST(hints_name_the_previous_turn_once_its_events_repeat) {
-  /* A turn is 12 events. The second turn's first 8 events (kWindow) repeat the first's, which
-   * proposes the period: its last two allocations are hinted already, the first turn's
-   * offsets - the layout replays from the second turn on, not from the third (where a turn
+  /* A turn is 12 events. The second turn's first 4 events (loop.c's kWindow: two allocations
+   * and their frees) repeat the first's, which proposes the period: its last four allocations
+   * are hinted already, the first turn's offsets - the layout replays from the second turn on, not from the third (where a turn
    * placed by best fit alone could have drifted from the second). */
   stash_loop_t L;
   _stash_loop_init(&L);
@@ -42,7 +42,7 @@ TEST(hints_name_the_previous_turn_once_its_events_repeat) {
   for (int t = 0; t < 10; t++) {
     int right = turn(&L, (uint64_t)t * 1000 * MiB, (uint64_t)(t - 1) * 1000 * MiB, &hints);
     CHECK_EQ(right, hints); /* a hint, when there is one, is the previous turn's offset */
-    CHECK_EQ(hints, t == 0 ? 0 : t == 1 ? 2 : 6);
+    CHECK_EQ(hints, t == 0 ? 0 : t == 1 ? 4 : 6);
   }
   CHECK_EQ(L.period, 12);
   _stash_loop_free(&L);
@@ -81,7 +81,7 @@ TEST(a_change_ends_the_hints_until_the_turn_repeats_again) {
   uint64_t odd = _stash_loop_alloc(&L, 11 * MiB, 0);
   _stash_loop_freed(&L, odd, 11 * MiB);
   turn(&L, 6000 * MiB, 0, &hints);
-  CHECK_EQ(hints, 2); /* the period broke: back after 8 events that repeat */
+  CHECK_EQ(hints, 4); /* the period broke: back after 4 events that repeat */
   for (int t = 7; t < 12; t++) turn(&L, (uint64_t)t * 1000 * MiB, (uint64_t)(t - 1) * 1000 * MiB, &hints);
   CHECK_EQ(hints, 6); /* back */
   _stash_loop_free(&L);
