@@ -134,8 +134,7 @@ typedef struct stash_loop_s {
   uint64_t* table;     /* hash of the last codes -> the event ending them, + 1 */
   uint64_t hash;       /* the rolling hash of the last codes ... */
   uint64_t base_pow;   /* ... and its multiplier to the power of their number */
-  uint64_t period;     /* the proposed length of a turn in events, 0 for none ... */
-  uint64_t run;        /* ... and how many of the last events repeat the one a turn before */
+  uint64_t period;     /* the proposed length of a turn in events, 0 for none */
   bool disabled;       /* out of host memory once: detects nothing any more */
 } stash_loop_t;
 

@@ -90,12 +90,8 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset)
 /* After event e: follow the period, or propose one. */
 static void detect(stash_loop_t* L, uint64_t e) {
   uint64_t code = at(L, e)->code;
-  if (L->period && e - L->base >= L->period && at(L, e - L->period)->code == code) {
-    L->run++;
-  } else {
-    L->period = 0;
-    L->run = 0;
-  }
+  if (L->period && (e - L->base < L->period || at(L, e - L->period)->code != code))
+    L->period = 0; /* the proposal broke */
   /* the hash of the last kWindow codes, rolled: sum of code * B^age */
   L->hash = L->hash * kHashBase + code;
   if (e - L->base >= kWindow) L->hash -= at(L, e - kWindow)->code * L->base_pow;
@@ -103,16 +99,13 @@ static void detect(stash_loop_t* L, uint64_t e) {
   uint64_t* slot = &L->table[(L->hash * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits)];
   if (!L->period && *slot && *slot - 1 >= L->base && e - (*slot - 1) >= kMinPeriod &&
       *slot - 1 < e) {
-    /* how far back the proposal holds already (looked at only so far: the run then grows
-     * one event at a time) */
+    /* propose p when the last kWindow codes do equal those p events before them (the hash
+     * may collide) */
     uint64_t p = e - (*slot - 1), run = 0;
-    while (run < 4 * kWindow && e - run - p >= L->base && e - run - p <= e &&
+    while (run < kWindow && e - run - p >= L->base && e - run - p <= e &&
            at(L, e - run)->code == at(L, e - run - p)->code)
       run++;
-    if (run >= kWindow) {
-      L->period = p;
-      L->run = run;
-    }
+    if (run == kWindow) L->period = p;
   }
   *slot = e + 1;
 }
@@ -149,9 +142,10 @@ bool _stash_loop_in_turn(const stash_loop_t* L) {
 }
 
 /* The counterpart of the allocation of size bytes about to happen, within a loop whose
- * period holds and at the point of the turn where live bytes equal those a turn before: the allocation one turn earlier, or two turns earlier when the one a turn earlier
- * still lives (a block that outlives a turn cannot have its predecessor's memory: the layout
- * repeats every two turns); NULL otherwise. */
+ * period holds and at the point of the turn where live bytes equal those a turn before: the
+ * allocation one turn earlier, or two turns earlier when the one a turn earlier still lives
+ * (a block that outlives a turn cannot have its predecessor's memory: the layout repeats
+ * every two turns); NULL otherwise. */
 static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
   if (!_stash_loop_in_turn(L)) return NULL;

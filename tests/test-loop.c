@@ -34,8 +34,9 @@ static int turn(stash_loop_t* L, uint64_t base, uint64_t want_base, int* hints) 
 TEST(hints_name_the_previous_turn_once_its_events_repeat) {
   /* A turn is 12 events. The second turn's first 4 events (loop.c's kWindow: two allocations
    * and their frees) repeat the first's, which proposes the period: its last four allocations
-   * are hinted already, the first turn's offsets - the layout replays from the second turn on, not from the third (where a turn
-   * placed by best fit alone could have drifted from the second). */
+   * are hinted already, the first turn's offsets - the layout replays from the second turn
+   * on, not from the third (where a turn placed by best fit alone could have drifted from the
+   * second). */
   stash_loop_t L;
   _stash_loop_init(&L);
   int hints = 0;
