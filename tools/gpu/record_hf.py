@@ -61,6 +61,14 @@ def gpt2(bs, layers=12, width=768, heads=12):
                      ("GPT2Config", dict(n_layer=layers, n_embd=width, n_head=heads)), bs, 1024)
 
 
+def gpt2_medium(bs):
+    return gpt2(bs, layers=24, width=1024, heads=16)
+
+
+def gpt2_large(bs):
+    return gpt2(bs, layers=36, width=1280, heads=20)
+
+
 def llama(bs):
     return causal_lm("LlamaForCausalLM", ("LlamaConfig", dict(
         hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
@@ -109,11 +117,20 @@ def t5(bs, src, tgt, **config):
     return train(m, opt, batch)
 
 
+def t5_base(bs):  # T5-base's sizes, 512 tokens in, 128 out
+    return t5(bs, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12)
+
+
 def bert_mlm(bs, seq, **config):
     from transformers import BertConfig, BertForMaskedLM
     m = BertForMaskedLM(BertConfig(**config)).to(dev)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
     return train(m, opt, tokens(30522, bs, seq))
+
+
+def bert_large(bs):  # 512 tokens
+    return bert_mlm(bs, 512, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                    intermediate_size=4096)
 
 
 def vit(bs, **config):
@@ -125,6 +142,11 @@ def vit(bs, **config):
         return {"pixel_values": torch.randn(bs, 3, 224, 224, device=dev),
                 "labels": torch.randint(0, 1000, (bs,), device=dev)}
     return train(m, opt, batch)
+
+
+def vit_large(bs):
+    return vit(bs, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+               intermediate_size=4096)
 
 
 def vision(name, bs):  # a torchvision classifier
@@ -145,7 +167,7 @@ def vision(name, bs):  # a torchvision classifier
 WORKLOADS = {
     "gpt2_b4": lambda: gpt2(4),
     "gpt2_b12": lambda: gpt2(12),
-    "gpt2_medium_b4": lambda: gpt2(4, layers=24, width=1024, heads=16),
+    "gpt2_medium_b4": lambda: gpt2_medium(4),
     "llama_b8": lambda: llama(8),
     "opt125m_b8": lambda: opt125m(8),
     "bert_varlen_seed2": lambda: bert_varlen(32, 40, 2),
@@ -157,18 +179,16 @@ WORKLOADS = {
     # A second set, recorded after policy:stash's rules were chosen on the first: held out
     # (data/traces/holdout).
     "gpt2_b8": lambda: gpt2(8),
-    "gpt2_large_b2": lambda: gpt2(2, layers=36, width=1280, heads=20),
+    "gpt2_large_b2": lambda: gpt2_large(2),
     "llama_b4": lambda: llama(4),
     "llama_b16": lambda: llama(16),
     "opt350m_b4": lambda: opt350m(4),
-    "t5_base_b16": lambda: t5(16, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b16": lambda: t5_base(16),
     "t5_b64": lambda: t5(64, 512, 128),
-    "bert_large_b16": lambda: bert_mlm(16, 512, hidden_size=1024, num_hidden_layers=24,
-                                       num_attention_heads=16, intermediate_size=4096),
+    "bert_large_b16": lambda: bert_large(16),
     "roberta_b16": lambda: roberta(16, 512),
     "vit_b64": lambda: vit(64),
-    "vit_large_b32": lambda: vit(32, hidden_size=1024, num_hidden_layers=24,
-                                 num_attention_heads=16, intermediate_size=4096),
+    "vit_large_b32": lambda: vit_large(32),
     "resnet152_b64": lambda: vision("resnet152", 64),
     "resnet50_b128": lambda: vision("resnet50", 128),
     "convnext_tiny_b64": lambda: vision("convnext_tiny", 64),
@@ -178,15 +198,14 @@ WORKLOADS = {
     # A third set, recorded after the rules were settled on the first two (data/traces/fresh).
     "gpt2_b6": lambda: gpt2(6),
     "gpt2_small6_b16": lambda: gpt2(16, layers=6),
-    "gpt2_medium_b8": lambda: gpt2(8, layers=24, width=1024, heads=16),
+    "gpt2_medium_b8": lambda: gpt2_medium(8),
     "llama_b12": lambda: llama(12),
     "opt125m_b4": lambda: opt125m(4),
     "t5_b16": lambda: t5(16, 512, 128),
     "bert_b16": lambda: bert_mlm(16, 512),
     "roberta_b48": lambda: roberta(48, 256),
     "vit_b32": lambda: vit(32),
-    "vit_large_b64": lambda: vit(64, hidden_size=1024, num_hidden_layers=24,
-                                 num_attention_heads=16, intermediate_size=4096),
+    "vit_large_b64": lambda: vit_large(64),
     "resnet18_b256": lambda: vision("resnet18", 256),
     "resnet101_b64": lambda: vision("resnet101", 64),
     "wide_resnet50_2_b64": lambda: vision("wide_resnet50_2", 64),
@@ -196,12 +215,12 @@ WORKLOADS = {
     "efficientnet_b3_b64": lambda: vision("efficientnet_b3", 64),
     # A fourth set, recorded before the sixth session changed anything (data/traces/later).
     "gpt2_b10": lambda: gpt2(10),
-    "gpt2_medium_b6": lambda: gpt2(6, layers=24, width=1024, heads=16),
+    "gpt2_medium_b6": lambda: gpt2_medium(6),
     "llama_b6": lambda: llama(6),
     "llama_b10": lambda: llama(10),
     "opt350m_b8": lambda: opt350m(8),
     "t5_b24": lambda: t5(24, 512, 128),
-    "t5_base_b8": lambda: t5(8, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b8": lambda: t5_base(8),
     "bert_b32": lambda: bert_mlm(32, 512),
     "roberta_b24": lambda: roberta(24, 512),
     "vit_b96": lambda: vit(96),
@@ -218,17 +237,16 @@ WORKLOADS = {
     # A fifth set, recorded after the sixth session's rules were settled (data/traces/final).
     "gpt2_b2": lambda: gpt2(2),
     "gpt2_b14": lambda: gpt2(14),
-    "gpt2_medium_b2": lambda: gpt2(2, layers=24, width=1024, heads=16),
+    "gpt2_medium_b2": lambda: gpt2_medium(2),
     "llama_b2": lambda: llama(2),
     "llama_b14": lambda: llama(14),
     "opt125m_b12": lambda: opt125m(12),
     "opt350m_b2": lambda: opt350m(2),
     "t5_b8": lambda: t5(8, 512, 128),
     "t5_b40": lambda: t5(40, 512, 128),
-    "t5_base_b4": lambda: t5(4, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b4": lambda: t5_base(4),
     "bert_b8": lambda: bert_mlm(8, 512),
-    "bert_large_b8": lambda: bert_mlm(8, 512, hidden_size=1024, num_hidden_layers=24,
-                                      num_attention_heads=16, intermediate_size=4096),
+    "bert_large_b8": lambda: bert_large(8),
     "roberta_b8": lambda: roberta(8, 512),
     "vit_b16": lambda: vit(16),
     "vit_b48": lambda: vit(48),
@@ -249,22 +267,20 @@ WORKLOADS = {
     # looked at until that session's rules were settled (data/traces/blind).
     "gpt2_b3": lambda: gpt2(3),
     "gpt2_b16": lambda: gpt2(16),
-    "gpt2_medium_b3": lambda: gpt2(3, layers=24, width=1024, heads=16),
-    "gpt2_large_b1": lambda: gpt2(1, layers=36, width=1280, heads=20),
+    "gpt2_medium_b3": lambda: gpt2_medium(3),
+    "gpt2_large_b1": lambda: gpt2_large(1),
     "llama_b3": lambda: llama(3),
     "llama_b5": lambda: llama(5),
     "opt125m_b6": lambda: opt125m(6),
     "opt350m_b6": lambda: opt350m(6),
     "t5_b12": lambda: t5(12, 512, 128),
     "t5_b48": lambda: t5(48, 512, 128),
-    "t5_base_b12": lambda: t5(12, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b12": lambda: t5_base(12),
     "bert_b24": lambda: bert_mlm(24, 512),
-    "bert_large_b4": lambda: bert_mlm(4, 512, hidden_size=1024, num_hidden_layers=24,
-                                      num_attention_heads=16, intermediate_size=4096),
+    "bert_large_b4": lambda: bert_large(4),
     "roberta_b12": lambda: roberta(12, 512),
     "vit_b24": lambda: vit(24),
-    "vit_large_b16": lambda: vit(16, hidden_size=1024, num_hidden_layers=24,
-                                 num_attention_heads=16, intermediate_size=4096),
+    "vit_large_b16": lambda: vit_large(16),
     "resnet50_b96": lambda: vision("resnet50", 96),
     "resnet101_b32": lambda: vision("resnet101", 32),
     "resnet18_b64": lambda: vision("resnet18", 64),
@@ -282,20 +298,19 @@ WORKLOADS = {
     "t5_b10": lambda: t5(10, 512, 128),
     "t5_b20": lambda: t5(20, 512, 128),
     "t5_b28": lambda: t5(28, 512, 128),
-    "t5_base_b6": lambda: t5(6, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
-    "t5_base_b10": lambda: t5(10, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b6": lambda: t5_base(6),
+    "t5_base_b10": lambda: t5_base(10),
     "swin_s_b32": lambda: vision("swin_s", 32),
     "swin_s_b48": lambda: vision("swin_s", 48),
     "gpt2_b5": lambda: gpt2(5),
-    "gpt2_medium_b5": lambda: gpt2(5, layers=24, width=1024, heads=16),
+    "gpt2_medium_b5": lambda: gpt2_medium(5),
     "llama_b7": lambda: llama(7),
     "opt125m_b10": lambda: opt125m(10),
     "opt350m_b3": lambda: opt350m(3),
     "bert_b12": lambda: bert_mlm(12, 512),
     "roberta_b20": lambda: roberta(20, 512),
     "vit_b40": lambda: vit(40),
-    "vit_large_b24": lambda: vit(24, hidden_size=1024, num_hidden_layers=24,
-                                 num_attention_heads=16, intermediate_size=4096),
+    "vit_large_b24": lambda: vit_large(24),
     "resnet50_b48": lambda: vision("resnet50", 48),
     "resnet152_b48": lambda: vision("resnet152", 48),
     "densenet121_b48": lambda: vision("densenet121", 48),
@@ -310,16 +325,15 @@ WORKLOADS = {
     # never recorded before (densenet161, efficientnet_b4, swin_b, shufflenet_v2_x2_0, vgg19).
     "gpt2_b7": lambda: gpt2(7),
     "gpt2_b9": lambda: gpt2(9),
-    "gpt2_medium_b7": lambda: gpt2(7, layers=24, width=1024, heads=16),
+    "gpt2_medium_b7": lambda: gpt2_medium(7),
     "llama_b9": lambda: llama(9),
     "opt125m_b16": lambda: opt125m(16),
     "opt350m_b5": lambda: opt350m(5),
     "t5_b14": lambda: t5(14, 512, 128),
     "t5_b36": lambda: t5(36, 512, 128),
-    "t5_base_b14": lambda: t5(14, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b14": lambda: t5_base(14),
     "bert_b20": lambda: bert_mlm(20, 512),
-    "bert_large_b6": lambda: bert_mlm(6, 512, hidden_size=1024, num_hidden_layers=24,
-                                      num_attention_heads=16, intermediate_size=4096),
+    "bert_large_b6": lambda: bert_large(6),
     "roberta_b28": lambda: roberta(28, 512),
     "vit_b56": lambda: vit(56),
     "vit_b80": lambda: vit(80),
@@ -342,20 +356,18 @@ WORKLOADS = {
     # were left out by the recording's DEADLINE).
     "gpt2_b11": lambda: gpt2(11),
     "gpt2_b13": lambda: gpt2(13),
-    "gpt2_medium_b9": lambda: gpt2(9, layers=24, width=1024, heads=16),
+    "gpt2_medium_b9": lambda: gpt2_medium(9),
     "llama_b11": lambda: llama(11),
     "opt125m_b14": lambda: opt125m(14),
     "opt350m_b7": lambda: opt350m(7),
     "t5_b18": lambda: t5(18, 512, 128),
     "t5_b30": lambda: t5(30, 512, 128),
-    "t5_base_b18": lambda: t5(18, 512, 128, d_model=768, d_ff=3072, num_layers=12, num_heads=12),
+    "t5_base_b18": lambda: t5_base(18),
     "bert_b28": lambda: bert_mlm(28, 512),
-    "bert_large_b10": lambda: bert_mlm(10, 512, hidden_size=1024, num_hidden_layers=24,
-                                       num_attention_heads=16, intermediate_size=4096),
+    "bert_large_b10": lambda: bert_large(10),
     "roberta_b36": lambda: roberta(36, 512),
     "vit_b72": lambda: vit(72),
-    "vit_large_b40": lambda: vit(40, hidden_size=1024, num_hidden_layers=24,
-                                 num_attention_heads=16, intermediate_size=4096),
+    "vit_large_b40": lambda: vit_large(40),
     "resnet50_b112": lambda: vision("resnet50", 112),
     "resnet152_b40": lambda: vision("resnet152", 40),
     "densenet169_b48": lambda: vision("densenet169", 48),
