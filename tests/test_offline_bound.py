@@ -1,13 +1,23 @@
 #!/usr/bin/env python3
-"""tools/offline_bound.py on a trace made so that the three orders differ, with the
-answers worked out by hand:
+"""tools/offline_bound.py on two traces made so that its placements differ, with the answers
+worked out by hand (sizes in MiB; event i at t_i):
 
-  t0 alloc A 4 MiB, t1 alloc B 2 MiB, t2 free A, t3 alloc C 6 MiB, t4 free B, t5 free C
+order.csv: t0 alloc A 4, t1 alloc B 2, t2 free A, t3 alloc C 6, t4 free B, t5 free C.
+  Peak live 8 (B + C). In allocation order ("time": each block into the smallest hole
+  between the blocks live then), C finds only A's hole of 4 below B and goes above it: 12.
+  Largest first, C goes at 0, A at 0 (they never live together) and B above both: 8.
+  Longest-lived first, B at 0, then C and A above it: 8. Plain best fit, like time: 12.
 
-Peak live 8 MiB (B + C). In allocation order (best fit, each block where it fits then), C
-finds only A's 4 MiB hole below B and goes above it: 12 MiB. Largest first, C goes at 0, A
-at 0 (they never live together) and B above both: 8 MiB. Longest-lived first, B at 0, then
-C and A above it: 8 MiB. Also: a gzipped copy reads the same, and no argument prints usage.
+top.csv: t0 alloc X 3, t1 alloc Y 4, t2 alloc Z 2, t3 free X, t4 free Z, t5 alloc W 2,
+  t6 alloc V 4 (Y, W, V never freed). Peak live 10 (Y + W + V).
+  Time: X at 0, Y at 3, Z at 7; W goes into X's hole (0-2, the free space above Y, 7-9,
+  only if no hole fits); V fits no hole (2-3 is left) and extends the free space above Y:
+  7-11, extent 11. Plain best fit: W takes the smallest free block, the 2 above Y (7-9);
+  V fits nowhere and goes above W: 9-13, extent 13. Size order (Y, V, X, W, Z): Y 0-4,
+  V 4-8, X 4-7, W 8-10, Z 7-9: 10. Life order (Y, X, W, V, Z): Y 0-4, X 4-7, W 4-6,
+  V 6-10, Z 7-9: 10.
+
+Also: a gzipped copy reads the same, and no argument prints usage.
 
   test_offline_bound.py TOOL
 """
@@ -18,31 +28,48 @@ import sys
 import tempfile
 
 MiB = 1 << 20
-ROWS = [("allocate", "0xa000", 4), ("allocate", "0xb000", 2), ("free", "0xa000", 4),
-        ("allocate", "0xc000", 6), ("free", "0xb000", 2), ("free", "0xc000", 6)]
+TRACES = {
+    "order.csv": ([("allocate", "0xa000", 4), ("allocate", "0xb000", 2), ("free", "0xa000", 4),
+                   ("allocate", "0xc000", 6), ("free", "0xb000", 2), ("free", "0xc000", 6)],
+                  # blocks, peak live, extents by size, life, time, best fit
+                  (3, 8, [8, 8, 12, 12])),
+    "top.csv": ([("allocate", "0x1000", 3), ("allocate", "0x2000", 4), ("allocate", "0x3000", 2),
+                 ("free", "0x1000", 3), ("free", "0x3000", 2), ("allocate", "0x4000", 2),
+                 ("allocate", "0x5000", 4)],
+                (5, 10, [10, 10, 11, 13])),
+}
+
+
+def expected(nblocks, live, extents):
+    return "%d %d %s" % (nblocks, live * MiB, " ".join(
+        "%d (%.2f%%)" % (e * MiB, 100.0 * live / e) for e in extents))
 
 
 def main():
     tool = sys.argv[1]
-    text = "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
-        "0,00:00:0%d.000000,%s,%s,%d,0x0\n" % (i, a, p, s * MiB) for i, (a, p, s) in enumerate(ROWS))
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        plain, packed = os.path.join(tmp, "t.csv"), os.path.join(tmp, "t.csv.gz")
-        open(plain, "w").write(text)
-        with gzip.open(packed, "wt") as f:
-            f.write(text)
-        out = subprocess.run([sys.executable, tool, plain, packed], capture_output=True,
-                             text=True, check=True).stdout.splitlines()
-        want = "%d %d %d (100.00%%) %d (100.00%%) %d (66.67%%)" % (
-            3, 8 * MiB, 8 * MiB, 8 * MiB, 12 * MiB)
+        paths, want = [], {}
+        for name, (rows, answer) in TRACES.items():
+            text = "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
+                "0,00:00:0%d.000000,%s,%s,%d,0x0\n" % (i, a, p, s * MiB)
+                for i, (a, p, s) in enumerate(rows))
+            plain = os.path.join(tmp, name)
+            open(plain, "w").write(text)
+            with gzip.open(plain + ".gz", "wt") as f:
+                f.write(text)
+            paths += [plain, plain + ".gz"]
+            want[name] = want[name + ".gz"] = expected(*answer)
+        out = subprocess.run([sys.executable, tool] + paths, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
         for line in out[1:]:
+            name = line.split()[0]
             got = " ".join(line.split()[1:])
-            ok = got == want
+            ok = got == want.get(name)
             bad += not ok
-            print("%s: %s%s" % (line.split()[0], got, "" if ok else "  (want %s)" % want))
-        if len(out) != 3:
-            print("expected a header and two rows, got %d lines" % len(out))
+            print("%s: %s%s" % (name, got, "" if ok else "  (want %s)" % want.get(name)))
+        if len(out) != 1 + len(paths):
+            print("expected a header and %d rows, got %d lines" % (len(paths), len(out)))
             bad += 1
         usage = subprocess.run([sys.executable, tool], capture_output=True, text=True)
         if usage.returncode != 2 or "offline" not in usage.stdout:

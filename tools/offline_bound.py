@@ -1,22 +1,31 @@
 #!/usr/bin/env python3
-"""How little one contiguous address range could hold a trace's large blocks, knowing the
-whole future: the bound that planning (STAlloc-style) reaches without remapping.
+"""How little one contiguous address range could hold a trace's large blocks: offline, knowing
+the whole future (the bound that planning, STAlloc-style, reaches without remapping), and
+online, by two best-fit rules that know nothing of it.
 
   tools/offline_bound.py TRACE [TRACE...]
 
 TRACE: an RMM CSV log or a PyTorch memory snapshot (torch.cuda.memory._snapshot() pickled),
 plain or gzip - the formats stash-replay reads. For the blocks over 1 MiB (policy:stash's
 large arena; sizes rounded up to 512 bytes) it prints their peak live bytes and the extent
-of three offline placements, each block at one offset for its whole life:
-  size: largest first, each into the smallest gap free for its whole life ("greedy by
-        size", Pisarchyk & Lee 2020), the usual offline planner;
-  life: longest-lived first, likewise;
-  time: in allocation order, each into the smallest gap free for its life (best fit with
-        knowledge of the future).
-A ratio (peak live / extent) below 98% means no allocator that keeps each block contiguous
-in one range can reach 98% on the trace, even offline; only remapping (stitching) can.
-O(n^2) in the number of large blocks: seconds to a minute for a few thousand.
+of four placements, each block at one offset for its whole life:
+  size: offline: largest first, each into the smallest gap free for its whole life
+        ("greedy by size", Pisarchyk & Lee 2020), the usual offline planner;
+  life: offline: longest-lived first, likewise;
+  time: in allocation order, likewise. The blocks placed before one are those allocated
+        before it, so the gaps free for its life are the holes between the blocks live when
+        it is allocated: this is an online rule, knowing no future - best fit among the holes
+        below the highest live block, and only when none fits, the free space above it
+        (extended as far as needed);
+  best fit: online too, the usual rule: the smallest free block that fits, the free space
+        above the highest live block counting as one of them (so a small request can take
+        it while a hole would do), and the range extended only when none fits.
+Both online rules grow the range by exactly what is missing, with no granularity.
+A ratio (peak live / extent) below 98% under size and life means no allocator that keeps
+each block contiguous in one range can reach 98% on the trace, even offline; only remapping
+(stitching) can. O(n^2) in the number of large blocks: seconds to a minute for a few thousand.
 """
+import bisect
 import csv
 import gzip
 import io
@@ -91,13 +100,49 @@ def extent(items, key):
     return top
 
 
+def best_fit(items):
+    """The extent under plain online best fit: free blocks merged with their neighbours, the
+    smallest that fits taken (the lowest of equal ones) and split at its front; the range
+    grows at its end, from its free end if it has one, when none fits."""
+    ev = sorted([(a, 1, i) for i, (a, _, _) in enumerate(items)] +
+                [(b, 0, i) for i, (_, b, _) in enumerate(items)])
+    free, top, at = [], 0, {}  # free: [offset, size] by offset
+    for _, is_alloc, i in ev:
+        s = items[i][2]
+        if not is_alloc:
+            o = at.pop(i)
+            k = bisect.bisect(free, [o, 0])
+            free.insert(k, [o, s])
+            if k + 1 < len(free) and o + s == free[k + 1][0]:
+                free[k][1] += free.pop(k + 1)[1]
+            if k > 0 and free[k - 1][0] + free[k - 1][1] == o:
+                free[k - 1][1] += free.pop(k)[1]
+            continue
+        fits = [k for k, (_, z) in enumerate(free) if z >= s]
+        if fits:
+            k = min(fits, key=lambda k: (free[k][1], free[k][0]))
+        else:
+            if not free or free[-1][0] + free[-1][1] != top:
+                free.append([top, 0])
+            top += s - free[-1][1]
+            free[-1][1] = s
+            k = len(free) - 1
+        at[i] = free[k][0]
+        free[k][0] += s
+        free[k][1] -= s
+        if not free[k][1]:
+            free.pop(k)
+    return top
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__.strip())
         return 2
     orders = (("size", lambda x: (-x[2], x[0] - x[1], x[0])),
               ("life", lambda x: (x[0] - x[1], -x[2], x[0])),
-              ("time", lambda x: x[0]))
+              ("time", lambda x: x[0]),
+              ("best fit", None))
     print("%-36s %7s %12s  %s" % ("trace", "blocks", "peak live", "  ".join(
         "%-22s" % ("extent by " + o) for o, _ in orders)))
     for path in sys.argv[1:]:
@@ -105,7 +150,7 @@ def main():
         live = peak_live(items)
         cols = []
         for _, key in orders:
-            e = extent(items, key)
+            e = extent(items, key) if key else best_fit(items)
             cols.append("%-22s" % ("%d (%.2f%%)" % (e, 100.0 * live / e if e else 100.0)))
         print("%-36s %7d %12d  %s" % (path.split("/")[-1][:36], len(items), live, "  ".join(cols)),
               flush=True)
