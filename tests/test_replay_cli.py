@@ -28,6 +28,7 @@ PT_EXP = "policy:pytorch,expandable_segments:True"
 JSON_KEYS = ("trace", "conf", "events", "peak_live_bytes", "peak_reserved_bytes",
              "peak_allocated_bytes", "device_allocs", "device_frees", "ooms", "ns_per_event")
 GiB = 1 << 30
+MiB = 1 << 20
 
 
 class Failure(Exception):
@@ -313,8 +314,16 @@ EXPLAIN_LINE = re.compile(
     r"free ([\d.]+) MiB in (\d+) (small|large)-pool blocks, the largest ([\d.]+) MiB$")
 
 
-def explain(path, *args, confs=(PT,)):
-    """stash-replay --explain on path: {conf: [match, ...]}, and the JSON lines."""
+PEAK_LINE = re.compile(
+    r"at the peak \(after event (\d+)\), (small|large) pool: ([\d.]+) MiB reserved in (\d+) "
+    r"segments? = ([\d.]+) live \+ ([\d.]+) rounding \+ ([\d.]+) pending free \+ ([\d.]+) lent "
+    r"to stitched blocks \(([\d.]+) asked for\) \+ ([\d.]+) in (\d+) holes? \(the largest "
+    r"([\d.]+)\) \+ ([\d.]+) free at (\d+) segment ends?$")
+
+
+def explain(path, *args, confs=(PT,), peaks=None):
+    """stash-replay --explain on path: {conf: [growth match, ...]}, and the JSON lines; the
+    lines on the peak, {conf: {pool: match}}, into `peaks` if given."""
     out_path = os.path.join(TMP, "explain.txt")
     rc, out, err = run("--json", "--explain", out_path, *sum([["--conf", c] for c in confs], []),
                        *args, path)
@@ -326,10 +335,55 @@ def explain(path, *args, confs=(PT,)):
             conf = line.split(" under ", 1)[1]
             sections[conf] = []
             continue
+        m = PEAK_LINE.match(line)
+        if m and conf is not None:
+            if peaks is not None:
+                peaks.setdefault(conf, {})[m.group(2)] = m
+            continue
         m = EXPLAIN_LINE.match(line)
         check(m is not None and conf is not None, "unexpected --explain line %r" % line)
         sections[conf].append(m)
     return sections, json_lines(out)
+
+
+def test_explain_accounts_for_the_peak():
+    # By hand, PyTorch's default: A 30 MiB (a segment of its own), B 6 MiB (a 20 MiB
+    # segment), C 13.5 MiB into B's segment's last 14 MiB (not split: the 0.5 MiB left is not
+    # over 1 MiB), B freed (a 6 MiB hole below C), D 40 MiB (a third segment): the peak, 90
+    # MiB = 83.5 live + 0.5 rounding + 6 in one hole.
+    path = write("explain-peak.csv", trace_text([
+        ("allocate", "0xa000", 30 * MiB, "0x0"), ("allocate", "0xb000", 6 * MiB, "0x0"),
+        ("allocate", "0xc000", 27 * MiB // 2, "0x0"), ("free", "0xb000", 6 * MiB, "0x0"),
+        ("allocate", "0xd000", 40 * MiB, "0x0")]))
+    peaks = {}
+    explain(path, peaks=peaks)
+    check_eq(sorted(peaks.get(PT, {})), ["large"], "pools with memory at the peak")
+    if "large" in peaks.get(PT, {}):
+        check_eq(peaks[PT]["large"].groups(),
+                 ("5", "large", "90.0", "3", "83.5", "0.5", "0.0", "0.0", "0.0", "6.0", "1",
+                  "6.0", "0.0", "0"), "the peak's account")
+    # On recorded traces: the terms add up to each pool's reserved bytes, and the pools to the
+    # peak the JSON reports; policy:stash's stitched blocks show as lent on Llama.
+    confs = (PT, PT_EXP, "policy:stash")
+    for name in ("resnet50_train.csv.gz", "hf/llama_b8.csv.gz"):
+        peaks = {}
+        _, rows = explain(os.path.join(DATA, "traces", name), confs=confs, peaks=peaks)
+        for row in rows:
+            pools = peaks.get(row["conf"], {})
+            check(pools, "%s %s: no line on the peak" % (name, row["conf"]))
+            total = 0.0
+            for m in pools.values():
+                terms = [float(m.group(k)) for k in (5, 6, 7, 8, 10, 13)]
+                check(abs(sum(terms) - float(m.group(3))) < 0.35,
+                      "%s %s: %r does not add up" % (name, row["conf"], m.group(0)))
+                total += float(m.group(3))
+            check(abs(total * MiB - row["peak_reserved_bytes"]) < 0.11 * MiB,
+                  "%s %s: pools %.1f MiB, peak %d" % (name, row["conf"], total,
+                                                     row["peak_reserved_bytes"]))
+        lent = peaks.get("policy:stash", {}).get("large")
+        if name.startswith("hf/") and lent:
+            check(float(lent.group(8)) >= 1000.0, "llama_b8: stitched blocks lent %s MiB" %
+                  lent.group(8))
 
 
 def test_explain_names_every_growth_of_pytorch_default():

@@ -190,6 +190,49 @@ static void take_layout(stash_heap_t* heap, replay_result_t* out, uint64_t event
   out->layout_event = event;
 }
 
+void replay_peak_account(const replay_result_t* r, bool small, replay_account_t* out) {
+  memset(out, 0, sizeof *out);
+  for (size_t i = 0; i < r->nlayout; i++) {
+    const replay_segment_t* s = &r->layout[i];
+    if (s->small != small) continue;
+    if (s->stitched) { /* its block lives on memory the arenas show as lent */
+      for (size_t k = 0; k < s->nblocks; k++)
+        if (s->blocks[k].state == STASH_BLOCK_ALLOCATED) out->lent_live += s->blocks[k].requested;
+      continue;
+    }
+    out->segments++;
+    out->reserved += s->mapped;
+    size_t last = s->nblocks; /* the last block with memory behind it */
+    for (size_t k = s->nblocks; k-- > 0;)
+      if (s->blocks[k].state != STASH_BLOCK_UNMAPPED) {
+        last = k;
+        break;
+      }
+    for (size_t k = 0; k < s->nblocks; k++) {
+      const replay_block_t* b = &s->blocks[k];
+      switch (b->state) {
+        case STASH_BLOCK_ALLOCATED:
+          out->live += b->requested;
+          out->rounding += b->size - b->requested;
+          break;
+        case STASH_BLOCK_PENDING_FREE: out->pending += b->size; break;
+        case STASH_BLOCK_LENT: out->lent += b->size; break;
+        case STASH_BLOCK_FREE:
+          if (k == last) {
+            out->ends += b->size;
+            out->nends++;
+          } else {
+            out->holes += b->size;
+            out->nholes++;
+            if (b->size > out->largest_hole) out->largest_hole = b->size;
+          }
+          break;
+        default: break; /* unmapped: no memory */
+      }
+    }
+  }
+}
+
 void replay_result_free(replay_result_t* r) {
   free(r->series_live);
   free(r->series_reserved);
@@ -325,13 +368,13 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       live -= e->size;
       nlive--;
     }
-    if (opts->series || opts->layout) {
+    if (opts->series || opts->layout || opts->explain) {
       uint64_t res = stash_heap_reserved_bytes(heap);
       if (opts->series) {
         out->series_live[i] = live;
         out->series_reserved[i] = res;
       }
-      if (opts->layout && res > layout_peak) {
+      if ((opts->layout || opts->explain) && res > layout_peak) {
         layout_peak = res;
         take_layout(heap, out, i + 1);
       }

@@ -60,7 +60,10 @@ static void usage(FILE* f) {
           "  --explain FILE   write there, per trace and configuration, every allocation that\n"
           "                   made reserved bytes grow (or ran out of memory): its size, reserved\n"
           "                   before and after, live bytes, and the free blocks of its pool just\n"
-          "                   before it (how many, how much, the largest): why it did not fit\n"
+          "                   before it (how many, how much, the largest): why it did not fit;\n"
+          "                   then, per pool, where the reserved bytes were when they first\n"
+          "                   reached their peak: live, rounding, pending free, lent to\n"
+          "                   stitched blocks, holes, free at segment ends\n"
           "  -h, --help       this text\n"
           "\n"
           "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash and\n"
@@ -241,6 +244,28 @@ static void print_series(const replay_result_t* r, uint64_t events, uint64_t poi
   printf("}");
 }
 
+/* --explain's last lines for a replay: where each pool's reserved bytes were when reserved
+ * first reached its peak. */
+static void explain_peak(FILE* f, const replay_result_t* r) {
+  for (int small = 1; small >= 0; small--) {
+    replay_account_t a;
+    replay_peak_account(r, small, &a);
+    if (!a.segments) continue;
+#define M(x) ((double)(x) / 1048576.0)
+#define S(n) (unsigned long long)(n), (n) == 1 ? "" : "s"
+    fprintf(f,
+            "at the peak (after event %llu), %s pool: %.1f MiB reserved in %llu segment%s = "
+            "%.1f live + %.1f rounding + %.1f pending free + %.1f lent to stitched blocks "
+            "(%.1f asked for) + %.1f in %llu hole%s (the largest %.1f) + %.1f free at %llu "
+            "segment end%s\n",
+            (unsigned long long)r->layout_event, small ? "small" : "large", M(a.reserved),
+            S(a.segments), M(a.live), M(a.rounding), M(a.pending), M(a.lent), M(a.lent_live),
+            M(a.holes), S(a.nholes), M(a.largest_hole), M(a.ends), S(a.nends));
+#undef S
+#undef M
+  }
+}
+
 int main(int argc, char** argv) {
   const char* confs[MAX_CONFS];
   int nconfs = 0;
@@ -401,6 +426,7 @@ int main(int argc, char** argv) {
         rc = 1;
         continue;
       }
+      if (opts.explain) explain_peak(opts.explain, &results[c]);
       if (json) print_json(&t, confs[c], opts.cuda ? "cuda" : "sim", &results[c]);
     }
     int best = -1;
