@@ -407,6 +407,23 @@ def test_explain_names_every_growth_of_pytorch_default():
             check_eq(m.group(12) == "small", float(m.group(3)) <= 1.0, "pool of %r" % m.group(0))
 
 
+def test_html_states_the_peak_account():
+    # The page says, under each setting's layout, what --explain says of the peak.
+    page = os.path.join(TMP, "account.html")
+    path = os.path.join(DATA, "traces", "resnet50_train.csv.gz")
+    confs = ("policy:stash", PT)
+    rc, out, err = run("--html", page, *sum([["--conf", c] for c in confs], []), path)
+    check_no_crash(rc, out, err)
+    html = open(page).read() if os.path.exists(page) else ""
+    got = re.findall(r"<p class='note account'>([^<]*)</p>", html)
+    peaks = {}
+    explain(path, confs=confs, peaks=peaks)
+    want = [peaks[c][pool].group(0).split("), ", 1)[1] for c in confs
+            for pool in ("small", "large") if pool in peaks.get(c, {})]
+    check(len(want) == 4, "--explain: a line per pool and setting, got %d" % len(want))
+    check_eq(got, want, "the page's account of the peak")
+
+
 def test_explain_reports_out_of_memory():
     path = write("explain-oom.csv", trace_text([
         ("allocate", "0x1000", 3 * GiB, "0x0"), ("allocate", "0x2000", 3 * GiB, "0x0")]))

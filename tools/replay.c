@@ -233,6 +233,20 @@ void replay_peak_account(const replay_result_t* r, bool small, replay_account_t*
   }
 }
 
+void replay_account_text(const replay_account_t* a, bool small, char* buf, size_t size) {
+#define M(x) ((double)(x) / 1048576.0)
+#define S(n) (unsigned long long)(n), (n) == 1 ? "" : "s"
+  snprintf(buf, size,
+           "%s pool: %.1f MiB reserved in %llu segment%s = %.1f live + %.1f rounding + %.1f "
+           "pending free + %.1f lent to stitched blocks (%.1f asked for) + %.1f in %llu hole%s "
+           "(the largest %.1f) + %.1f free at %llu segment end%s",
+           small ? "small" : "large", M(a->reserved), S(a->segments), M(a->live),
+           M(a->rounding), M(a->pending), M(a->lent), M(a->lent_live), M(a->holes),
+           S(a->nholes), M(a->largest_hole), M(a->ends), S(a->nends));
+#undef S
+#undef M
+}
+
 void replay_result_free(replay_result_t* r) {
   free(r->series_live);
   free(r->series_reserved);

@@ -251,18 +251,9 @@ static void explain_peak(FILE* f, const replay_result_t* r) {
     replay_account_t a;
     replay_peak_account(r, small, &a);
     if (!a.segments) continue;
-#define M(x) ((double)(x) / 1048576.0)
-#define S(n) (unsigned long long)(n), (n) == 1 ? "" : "s"
-    fprintf(f,
-            "at the peak (after event %llu), %s pool: %.1f MiB reserved in %llu segment%s = "
-            "%.1f live + %.1f rounding + %.1f pending free + %.1f lent to stitched blocks "
-            "(%.1f asked for) + %.1f in %llu hole%s (the largest %.1f) + %.1f free at %llu "
-            "segment end%s\n",
-            (unsigned long long)r->layout_event, small ? "small" : "large", M(a.reserved),
-            S(a.segments), M(a.live), M(a.rounding), M(a.pending), M(a.lent), M(a.lent_live),
-            M(a.holes), S(a.nholes), M(a.largest_hole), M(a.ends), S(a.nends));
-#undef S
-#undef M
+    char text[512];
+    replay_account_text(&a, small, text, sizeof text);
+    fprintf(f, "at the peak (after event %llu), %s\n", (unsigned long long)r->layout_event, text);
   }
 }
 
