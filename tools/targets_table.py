@@ -7,7 +7,9 @@ policy:stash meets there.
 
 DIR holds RMM CSV logs (*.csv.gz) and async.jsonl (one line per trace: "workload" and the
 cudaMallocAsync pool's "peak_reserved_bytes", as tools/gpu/run_record_hf_gpu.sh writes it);
-data/traces/hf and data/traces/holdout are such directories. The anchors are PyTorch's four
+data/traces/hf and data/traces/holdout are such directories - or, instead of async.jsonl,
+anchors.json (the shared traces' file: per trace its "file" and
+"cudaMallocAsync_peak_reserved_bytes"), as data/traces itself has. The anchors are PyTorch's four
 settings (replayed by policy:pytorch, which reproduces the real runs: ctest -R fidelity_more)
 and cudaMallocAsync. The targets (issue 4): memory - utilization (peak live / peak reserved)
 >= 98% and peak reserved at or below every anchor; driver time - modeled driver µs at most
@@ -64,23 +66,39 @@ def row(name, by, async_peak):
         len(met) == 3)
 
 
+def async_peaks(d):
+    """cudaMallocAsync's peak reserved per trace name in directory d, from its async.jsonl
+    or, failing that, its anchors.json."""
+    peaks = {}
+    if os.path.exists(os.path.join(d, "async.jsonl")):
+        for line in open(os.path.join(d, "async.jsonl")):
+            run = json.loads(line)
+            peaks[run["workload"]] = run["peak_reserved_bytes"]
+    elif os.path.exists(os.path.join(d, "anchors.json")):
+        for v in json.load(open(os.path.join(d, "anchors.json"))).values():
+            peaks[v["file"][:-len(".csv.gz")]] = v["cudaMallocAsync_peak_reserved_bytes"]
+    else:
+        raise SystemExit("targets_table: %s has neither async.jsonl nor anchors.json" % d)
+    return peaks
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay", default=os.path.join(os.path.dirname(__file__), "..", "build",
                                                      "stash-replay"))
     ap.add_argument("dirs", nargs="+")
     a = ap.parse_args()
+    anchors = [async_peaks(d) for d in a.dirs]  # (a directory without them stops here)
     print("| trace | PyTorch default | PyTorch expandable | cudaMallocAsync | policy:stash "
           "| targets met |")
     print("|---|---|---|---|---|---|")
     total = ok = 0
-    for d in a.dirs:
-        peaks = {}
-        for line in open(os.path.join(d, "async.jsonl")):
-            run = json.loads(line)
-            peaks[run["workload"]] = run["peak_reserved_bytes"]
+    for d, peaks in zip(a.dirs, anchors):
         for path in sorted(glob.glob(os.path.join(d, "*.csv.gz"))):
             name = os.path.basename(path)[:-len(".csv.gz")]
+            if name not in peaks:
+                raise SystemExit("targets_table: no cudaMallocAsync figure for %s in %s" % (
+                    name, d))
             line, all_met = row(name, replay(a.replay, path), peaks[name])
             print(line)
             total += 1
