@@ -29,7 +29,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from targets_table import CONFS as TABLE_CONFS, targets_met
+from targets_table import CONFS as TABLE_CONFS, async_peaks as read_async_peaks, targets_met
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DATA = os.path.join(ROOT, "data", "traces")
@@ -54,13 +54,10 @@ def traces(sets):
 def async_peaks():
     """cudaMallocAsync's peak reserved per trace path, where it was recorded."""
     peaks = {}
-    for v in json.load(open(os.path.join(DATA, "anchors.json"))).values():
-        peaks[os.path.join(DATA, v["file"])] = v["cudaMallocAsync_peak_reserved_bytes"]
-    for path in glob.glob(os.path.join(DATA, "*", "async.jsonl")):
-        for line in open(path):
-            d = json.loads(line)
-            peaks[os.path.join(os.path.dirname(path), d["workload"] + ".csv.gz")] = \
-                d["peak_reserved_bytes"]
+    dirs = [DATA] + [os.path.dirname(p) for p in glob.glob(os.path.join(DATA, "*", "async.jsonl"))]
+    for d in dirs:
+        for name, peak in read_async_peaks(d).items():
+            peaks[os.path.join(d, name + ".csv.gz")] = peak
     for path in glob.glob(os.path.join(DATA, "more*", "runs.jsonl")):
         for line in open(path):
             d = json.loads(line)
