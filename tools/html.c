@@ -2,7 +2,7 @@
  * no network: per trace, the table; per configuration, live and reserved bytes over the
  * trace, and the memory layout when reserved first reached its peak (each segment a bar,
  * each block a stretch of it: live, waiting for another stream, cached, lent, unmapped),
- * with each pool's account of it in words (replay_account_text). */
+ * with each pool's account of it in words (replay_peak_text). */
 #include "html.h"
 
 #include <inttypes.h>
@@ -166,14 +166,10 @@ void html_trace(FILE* f, const trace_t* t, const char* const* confs, const repla
               "reserved): one bar per segment, to scale.</p>\n", rs[c].layout_event,
               gib(rs[c].peak_reserved_bytes));
       layout(f, &rs[c]);
-      for (int small = 1; small >= 0; small--) {
-        replay_account_t a;
-        replay_peak_account(&rs[c], small, &a);
-        if (!a.segments) continue;
-        char text[512];
-        replay_account_text(&a, small, text, sizeof text);
-        fprintf(f, "<p class='note account'>%s</p>\n", text);
-      }
+      char text[512];
+      for (int small = 1; small >= 0; small--)
+        if (replay_peak_text(&rs[c], small, text, sizeof text))
+          fprintf(f, "<p class='note account'>%s</p>\n", text);
     }
   }
   fputs("<p class='legend'>", f);

@@ -233,7 +233,11 @@ void replay_peak_account(const replay_result_t* r, bool small, replay_account_t*
   }
 }
 
-void replay_account_text(const replay_account_t* a, bool small, char* buf, size_t size) {
+bool replay_peak_text(const replay_result_t* r, bool small, char* buf, size_t size) {
+  replay_account_t acc;
+  replay_peak_account(r, small, &acc);
+  if (!acc.segments) return false;
+  const replay_account_t* a = &acc;
 #define M(x) ((double)(x) / 1048576.0)
 #define S(n) (unsigned long long)(n), (n) == 1 ? "" : "s"
   snprintf(buf, size,
@@ -245,6 +249,7 @@ void replay_account_text(const replay_account_t* a, bool small, char* buf, size_
            S(a->nholes), M(a->largest_hole), M(a->ends), S(a->nends));
 #undef S
 #undef M
+  return true;
 }
 
 void replay_result_free(replay_result_t* r) {

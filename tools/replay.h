@@ -109,8 +109,9 @@ typedef struct replay_account_s {
   uint64_t ends, nends; /* free blocks at the end of their segment (an arena's free end) */
 } replay_account_t;
 void replay_peak_account(const replay_result_t* r, bool small, replay_account_t* out);
-/* The account in words, for --explain and the HTML page: "large pool: 90.0 MiB reserved in 3
- * segments = 83.5 live + ... + 0.0 free at 0 segment ends" (MiB, one decimal). */
-void replay_account_text(const replay_account_t* a, bool small, char* buf, size_t size);
+/* The same account in words, for --explain and the HTML page: "large pool: 90.0 MiB reserved
+ * in 3 segments = 83.5 live + ... + 0.0 free at 0 segment ends" (MiB, one decimal); false,
+ * and nothing written, when the pool held no memory at the peak. */
+bool replay_peak_text(const replay_result_t* r, bool small, char* buf, size_t size);
 
 #endif

@@ -247,14 +247,11 @@ static void print_series(const replay_result_t* r, uint64_t events, uint64_t poi
 /* --explain's last lines for a replay: where each pool's reserved bytes were when reserved
  * first reached its peak. */
 static void explain_peak(FILE* f, const replay_result_t* r) {
-  for (int small = 1; small >= 0; small--) {
-    replay_account_t a;
-    replay_peak_account(r, small, &a);
-    if (!a.segments) continue;
-    char text[512];
-    replay_account_text(&a, small, text, sizeof text);
-    fprintf(f, "at the peak (after event %llu), %s\n", (unsigned long long)r->layout_event, text);
-  }
+  char text[512];
+  for (int small = 1; small >= 0; small--)
+    if (replay_peak_text(r, small, text, sizeof text))
+      fprintf(f, "at the peak (after event %llu), %s\n", (unsigned long long)r->layout_event,
+              text);
 }
 
 int main(int argc, char** argv) {
