@@ -4,7 +4,9 @@
  * Memory is physical allocations mapped into two *arenas*, one for requests of at most
  * 1 MiB and one for the rest. An arena is one long reserved virtual range whose mapped
  * prefix is tiled by blocks; a request takes the best-fitting free block (smallest, then
- * lowest address) and is split off its front at 512-byte granularity; freed blocks merge
+ * lowest address; in the large arena, the free block at its end - the "top" - only when no
+ * other fits, so that it stays whole for a request no hole can serve, as PyTorch's expandable
+ * segments keep theirs) and is split off its front at 512-byte granularity; freed blocks merge
  * with free neighbours. Every stream shares the arenas: a block freed on stream A is at once
  * reusable by A, and by other streams once an event recorded on A after the free has
  * completed (a "tag" and an epoch per stream; no event at all with one stream). With one
@@ -18,7 +20,7 @@
  * blocks. Once nothing at all is live (a model deleted), the phases start afresh.
  *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
- * accessible, of at least 2 MiB (small arena) or 20 MiB (large). Not the small arena in a
+ * accessible, of at least 2 MiB (small arena) or 6 MiB (large). Not the small arena in a
  * repeating turn of a training loop (loop.c; after live bytes first halve, one stream): there
  * a growth would be a driver call in the steady state, and a small request that the small
  * arena's drifting layout cannot fit takes the large arena's best fit instead (it still
@@ -26,9 +28,9 @@
  * costs one cuMemSetAccess piece (~19 us: docs/driver-costs.md), so the large arena grows in
  * allocations of up to 192 MiB (1/16 of a request above 3 GiB), and, until live bytes first
  * fall to half their peak (the first forward pass), a growth that comes within 20
- * allocations of the last one takes twice the last one's size, up to 192 MiB: fewer,
+ * allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
  * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
- * near the peak is reserved for nothing). The small arena bursts likewise, at any time, up to
+ * near the peak is reserved for nothing: at most 64 MiB of it). The small arena bursts likewise, at any time, up to
  * 8 MiB: 2 MiB steps where growth is rare (a late step's few small requests) - up to 6 MiB
  * less reserved for nothing than one 8 MiB step - and 8 MiB ones where it is frequent (an
  * optimizer's state of many 1 MiB tensors being made), so as not to pay four times the calls.
@@ -49,7 +51,11 @@
  * memory, it may begin with an allocation of which only the end is free (its "head": the
  * free end of a hole that does not hold it whole) and end with one of which only the start
  * is free (its "tail"), the block running from the head's free part to within the tail's -
- * the largest such free parts in the arena, each of at least 2 MiB. The range's memory in
+ * the largest such free parts in the arena, each of at least 2 MiB. Its tail may also be a
+ * whole allocation of the arena's free end larger than what the head and the holes leave
+ * missing, when it covers that: no new memory then (a whole allocation is otherwise taken
+ * only where it fits the count, and one larger than what is missing would lie free beside
+ * new memory made for the same range). The range's memory in
  * use is lent to it: while the stitched block lives, it is carved out of its arenas as
  * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
  * Small requests keep off the small arena's pages that a range maps while other memory fits
@@ -128,11 +134,11 @@ static long long knob(const char* name, long long value) {
  * wholly free, for stitching), or of 1/kLargePieces of a request above 3 GiB. A growth
  * kBurstAllocs or fewer allocations after the last doubles the last one's size, up to
  * kBurstMax (until live bytes first fall to half their peak). */
-#define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)20 << 20)
+#define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
 #define kLargePieces KNOB_I(kLargePieces, 16)
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
-#define kBurstMax KNOB_Z(kBurstMax, (size_t)192 << 20)
+#define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
 /* Live-byte phases count from a peak of kPhaseMinPeak: below 1/kQuietShare of the peak, first
  * fit, comparing at most kFirstFitTries fitting free blocks. */
 #define kPhaseMinPeak KNOB_Z(kPhaseMinPeak, (size_t)256 << 20)
@@ -840,9 +846,20 @@ static sb_block* fits_next(sb_fits* it) {
   return n ? FROM_SNODE(n) : NULL;
 }
 
+/* The best fitting free block, except that the large arena's free end (its "top": the free
+ * block at the end of its mapped memory) is taken only when no other free block fits. Were it
+ * the smallest fit, a request taking it would leave the next larger request to grow the arena,
+ * where a hole would have served the first; kept whole, the top serves a request that fits
+ * nowhere else (as PyTorch's expandable segments do, which rank the free block before the
+ * unmapped rest of a segment by the size it can grow to). */
 static sb_block* best_fit(sb_arena* a, size_t size, uint32_t slot) {
   sb_fits it = fits_begin(a, size, slot);
-  return fits_next(&it);
+  sb_block* b = fits_next(&it);
+  if (b && b == a->last && !a->small) {
+    sb_block* other = fits_next(&it);
+    if (other) return other;
+  }
+  return b;
 }
 
 /* The lowest free block of arena a that holds `size` bytes for slot `slot`, among the
@@ -1185,6 +1202,31 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, sb_edge* hd, sb_edge* t
   *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX);
 }
 
+/* For a new range that would otherwise take new memory after a head of head_b bytes: the
+ * largest physical allocation lying wholly in the large arena's free end, as its tail, when
+ * the holes' whole allocations and it cover the rest of `size` - so no new memory is made.
+ * The range then ends inside that allocation: the block uses only the start of it that the
+ * head and the holes leave (the tail's bytes), and the rest stays free in the arena. An
+ * allocation larger than what is missing is otherwise never taken (only whole ones that fit
+ * the count), and the range would map new memory beside a free one that could have served
+ * it. Not taken when a tail found elsewhere is as large. scratch: room for size / G pages. */
+static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+                               const sb_edge* tail, uint32_t* scratch) {
+  sb_arena* a = &S(h)->arenas[1];
+  sb_edge none = {false, 0, 0};
+  const sb_block* t = a->last;
+  if (!t || t->kind != K_FREE || !tag_ok(t, slot)) return none;
+  size_t lo = (size_t)(t->ptr - a->base + G - 1) / G, hi = (size_t)(t->ptr + t->size - a->base) / G;
+  size_t i = handle_after(a, lo), best = SIZE_MAX, bytes = 0;
+  if (i < a->nhandles && a->handles[i].first_page < lo) i++;
+  for (; i < a->nhandles && a->handles[i].first_page + a->handles[i].npages <= hi; i++)
+    if (a->handles[i].npages * G > bytes) best = i, bytes = a->handles[i].npages * G;
+  if (best == SIZE_MAX || (tail->found && bytes <= tail->bytes)) return none;
+  size_t holes = stitch_from_free(h, slot, (size - head_b) / G, scratch) * G;
+  if (head_b + holes >= size || head_b + holes + bytes < size) return none;
+  return (sb_edge){true, best, size - head_b - holes};
+}
+
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
  * free, else a new one if the holes give enough of it (`cover_only`: if whole free allocations
  * cover all of it, with no new memory); else *out = NULL: grow the arena. */
@@ -1253,6 +1295,8 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (!edges_found) stitch_edges(h, slot, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
+    sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl, homes);
+    if (end.found) tl = end;
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
   size_t lead = hd.found ? a->handles[hd.handle].npages : 0;

@@ -85,8 +85,7 @@ TEST(small_and_large_arenas) {
   void* d = fx_alloc(&f, 1 * MiB + 1, NULL); /* large arena: its first growth */
   CHECK_EQ(STAT(&f, allocation, LARGE, current), 1);
   CHECK_EQ(STAT(&f, allocated_bytes, LARGE, current), 1 * MiB + 512);
-  CHECK(STAT(&f, reserved_bytes, LARGE, current) >= (int64_t)(20 * MiB));
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) % (int64_t)(2 * MiB), 0);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 6 * (int64_t)MiB); /* the minimum growth */
   /* reserved is the physical memory held: what the simulated device has handed out */
   stash_sim_usage_t u;
   stash_sim_usage(f.sim, 0, &u);
@@ -437,13 +436,16 @@ static void quiet(fixture_t* f, void* s) {
 }
 
 /* Layout of the large arena: [A 100 MiB][B 30][C 100][D 4 + 16 free], one physical
- * allocation per growth (growths apart: no burst). */
+ * allocation per growth (growths apart: no burst). D's allocation is made by a 20 MiB request
+ * freed at once (the arena grows by at least 6 MiB only), which D's then starts. */
 static void layout(fixture_t* f, void* p[4], void* s) {
-  static const size_t mib[4] = {100, 30, 100, 4};
+  static const size_t mib[4] = {100, 30, 100, 20};
   for (int i = 0; i < 4; i++) {
     quiet(f, s);
     p[i] = fx_alloc(f, mib[i] * MiB, s);
   }
+  fx_free(f, p[3]);
+  p[3] = fx_alloc(f, 4 * MiB, s);
   CHECK_EQ(STAT(f, segment, LARGE, current), 4);
   CHECK_EQ(STAT(f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
   quiet(f, s);
@@ -620,6 +622,64 @@ TEST(stitching_begins_and_ends_in_partly_free_allocations) {
   fx_close(&f);
 }
 
+/* A large block takes a hole before the free end of the arena (its top), even when the top is
+ * the smaller fit: the top stays whole for a request no hole can serve. */
+TEST(the_free_end_is_the_last_fit) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* p[4];
+  layout(&f, p, S1);   /* [A 100][B 30][C 100][D 4 + 16 free: the top] */
+  fx_free(&f, p[1]);   /* B: a 30 MiB hole */
+  int64_t reserved = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, 10 * MiB, S1); /* the top (16) fits better; B's hole takes it */
+  CHECK_EQ(U(x), U(p[1]));
+  void* y = fx_alloc(&f, 16 * MiB, S1); /* B's 20 left, not the top's exact 16 */
+  CHECK_EQ(U(y), U(p[1]) + 10 * MiB);
+  void* z = fx_alloc(&f, 8 * MiB, S1); /* B's 4 left are too small: now the top */
+  CHECK_EQ(U(z), U(p[3]) + 4 * MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), reserved); /* and no growth */
+  void* all[] = {x, y, z, p[0], p[2], p[3]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) fx_free(&f, all[i]);
+  fx_close(&f);
+}
+
+/* A new stitched range that would need new memory ends instead in a whole allocation of the
+ * arena's free end larger than what the holes leave missing: only its start is used. */
+TEST(a_stitched_range_ends_in_a_larger_free_allocation_at_the_end) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1); /* [A 100][B 30][C 100][D 4][fill 16]: no partly free one */
+  quiet(&f, S1);
+  void* e = fx_alloc(&f, 150 * MiB, S1); /* E: one allocation of 150 MiB at the end */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 5);
+  size_t run = 0;
+  uint64_t phys_a = phys_of(&f, p[0], NULL), phys_e = phys_of(&f, e, &run);
+  CHECK_EQ(run, 150 * MiB);
+  fx_free(&f, e);    /* the free end: all of E */
+  fx_free(&f, p[0]); /* a hole: all of A */
+  int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+  void* x = fx_alloc(&f, 200 * MiB, S1); /* fits nowhere (the largest free block is 150) */
+  CHECK(find(&f, x).in_stitched);
+  /* A's 100 MiB, then E's first 100: no new memory (the old way: 100 MiB new beside E) */
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 5);
+  CHECK_EQ(phys_of(&f, x, &run), phys_a);
+  CHECK_EQ(run, 100 * MiB);
+  CHECK_EQ(phys_of(&f, (char*)x + 200 * MiB - 1, NULL), phys_e + 100 * MiB - 1);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), 200 * MiB);
+  void* y = fx_alloc(&f, 50 * MiB, S1); /* E's unused 50 MiB serve the arena meanwhile */
+  CHECK_EQ(U(y), U(e) + 100 * MiB);
+  CHECK(!phys_overlap(&f, x, 200 * MiB, y, 50 * MiB));
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x);
+  fx_free(&f, y);
+  fx_free(&f, fill);
+  for (int i = 1; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
 TEST(little_in_the_holes_grows_the_arena_instead) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -655,17 +715,17 @@ TEST(a_huge_request_comes_in_few_pieces) {
   fx_free(&f, x); /* a hole of 16 whole allocations */
   void* z = fx_alloc(&f, 12 * GiB, S1); /* stitched: the hole's 8 GiB, and 4 GiB new */
   CHECK(find(&f, z).in_stitched);
-  /* y's growth came in a burst (192 MiB): its free 162 MiB start the range (a head); the
-   * other 3934 MiB are new, in pieces of at most 1 GiB: 3 of 1024 MiB and one of 862 */
+  /* y's growth came in a burst (64 MiB): its free 34 MiB start the range (a head); the
+   * other 4062 MiB are new, in pieces of at most 1 GiB: 3 of 1024 MiB and one of 990 */
   CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 4);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(8 * GiB + 192 * MiB + 3934 * MiB));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(8 * GiB + 64 * MiB + 4062 * MiB));
   fx_free(&f, z);
   /* above 64 GiB, pieces of 1/64 of the request: 80 GiB in 1280 MiB pieces. The range reuses
-   * the 12 GiB one's memory (8 GiB + 162 MiB + 3934 MiB) and takes 68 GiB new: 55 pieces */
+   * the 12 GiB one's memory (8 GiB + 34 MiB + 4062 MiB) and takes 68 GiB new: 55 pieces */
   void* w = fx_alloc(&f, 80 * GiB, S1);
   CHECK(find(&f, w).in_stitched);
   CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 4 + 55);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(80 * GiB + 192 * MiB - 162 * MiB));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(80 * GiB + 64 * MiB - 34 * MiB));
   fx_free(&f, w);
   fx_free(&f, y);
   fx_close(&f);
@@ -674,31 +734,30 @@ TEST(a_huge_request_comes_in_few_pieces) {
 TEST(growth_in_a_burst_takes_larger_steps) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  /* 25 MiB requests one after another, each needing new memory: the growths double (26, 52,
-   * 104 MiB) up to 192 MiB a growth, then stay there */
+  /* 25 MiB requests one after another, each needing new memory: the growths double (26, 52
+   * MiB) up to 64 MiB a growth, then stay there: 26 + 52 + 15 x 64 = 1038 MiB for 1000 */
   void* v[40];
-  int64_t grown[8] = {0};
+  int64_t grown[17] = {0};
   int ngrown = 0;
   for (int i = 0; i < 40; i++) {
     int64_t before = STAT(&f, reserved_bytes, LARGE, current);
     v[i] = fx_alloc(&f, 25 * MiB, S1);
     int64_t after = STAT(&f, reserved_bytes, LARGE, current);
-    if (after > before && ngrown < 8) grown[ngrown++] = (after - before) / (int64_t)MiB;
+    if (after > before && ngrown < 17) grown[ngrown++] = (after - before) / (int64_t)MiB;
   }
-  CHECK_EQ(ngrown, 8);
+  CHECK_EQ(ngrown, 17);
   CHECK_EQ(grown[0], 26);
   CHECK_EQ(grown[1], 52);
-  CHECK_EQ(grown[2], 104);
-  CHECK_EQ(grown[3], 192);
-  CHECK_EQ(grown[4], 192);
+  for (int i = 2; i < 17; i++) CHECK_EQ(grown[i], 64);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 1038 * (int64_t)MiB);
   CHECK_EQ(STAT(&f, segment, LARGE, current), ngrown); /* one allocation each */
   /* after a quiet spell, the next growth is the exact need again */
   for (int i = 39; i >= 30; i--) fx_free(&f, v[i]);
   quiet(&f, S1);
   int64_t before = STAT(&f, reserved_bytes, LARGE, current);
   int64_t tail = before - (int64_t)(30 * 25 * MiB);
-  void* w = fx_alloc(&f, (size_t)tail + 10 * MiB, S1);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 20 * (int64_t)MiB); /* the 20 MiB minimum */
+  void* w = fx_alloc(&f, (size_t)tail + 3 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 6 * (int64_t)MiB); /* the 6 MiB minimum */
   fx_free(&f, w);
   for (int i = 0; i < 30; i++) fx_free(&f, v[i]);
   fx_close(&f);
@@ -707,14 +766,15 @@ TEST(growth_in_a_burst_takes_larger_steps) {
 TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  /* a forward pass: 25 MiB requests one after another grow in a burst (26, 52, 104, 192) */
+  /* a forward pass: 25 MiB requests one after another grow in a burst (26, 52, 64, 64, ...) */
   void* v[12];
   for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (26 + 52 + 104 + 192) * (int64_t)MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (26 + 52 + 4 * 64) * (int64_t)MiB);
   for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* 50 of 300 MiB live: below half */
   for (int i = 2; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* the same memory */
-  /* more of them, back to back: the first two fill the free 74 MiB, then each growth is the
-   * exact need, or the 20 MiB minimum - not twice the last one as in the first pass */
+  /* more of them, back to back: the first fits in the free 34 MiB, the second takes the 9
+   * left and 16 new, then each growth is the exact need in 2 MiB pages (26, then 24 with the
+   * 1 MiB left, ...) - not twice the last one as in the first pass */
   void* w[6];
   int64_t grown[6];
   for (int i = 0; i < 6; i++) {
@@ -722,8 +782,8 @@ TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
     w[i] = fx_alloc(&f, 25 * MiB, S1);
     grown[i] = (STAT(&f, reserved_bytes, LARGE, current) - before) / (int64_t)MiB;
   }
-  CHECK_EQ(grown[0] + grown[1], 0);
-  for (int i = 2; i < 6; i++) CHECK_EQ(grown[i], 20);
+  static const int64_t want[6] = {0, 16, 26, 24, 26, 24};
+  for (int i = 0; i < 6; i++) CHECK_EQ(grown[i], want[i]);
   for (int i = 0; i < 6; i++) fx_free(&f, w[i]);
   for (int i = 0; i < 12; i++) fx_free(&f, v[i]);
   CHECK_OK(stash_heap_check(f.heap));
@@ -736,22 +796,23 @@ TEST(a_heap_emptied_starts_its_phases_afresh) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* v[12];
-  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* 374 MiB, in a burst */
+  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* 334 MiB, in a burst */
   for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* below half: no more bursts ... */
   fx_free(&f, v[0]);
   fx_free(&f, v[1]); /* ... until nothing is live */
   void* w[18];
   int64_t grown[18];
-  for (int i = 0; i < 18; i++) { /* 14 fit in the 374 MiB; then growths back to back */
+  for (int i = 0; i < 18; i++) { /* 13 fit in the 334 MiB; then growths back to back */
     int64_t before = STAT(&f, reserved_bytes, LARGE, current);
     w[i] = fx_alloc(&f, 25 * MiB, S1);
     grown[i] = (STAT(&f, reserved_bytes, LARGE, current) - before) / (int64_t)MiB;
   }
-  for (int i = 0; i < 14; i++) CHECK_EQ(grown[i], 0);
-  CHECK_EQ(grown[14], 20); /* 1 MiB more than the 24 left free: the 20 MiB minimum ... */
-  CHECK_EQ(grown[15], 40); /* ... then twice the last one: a burst, as in a first pass */
+  for (int i = 0; i < 13; i++) CHECK_EQ(grown[i], 0);
+  CHECK_EQ(grown[13], 16); /* what the 9 MiB left free lack (no burst continues the old one) */
+  CHECK_EQ(grown[14], 32); /* ... then twice the last one: a burst, as in a first pass */
+  CHECK_EQ(grown[15], 64);
   CHECK_EQ(grown[16], 0);
-  CHECK_EQ(grown[17], 80);
+  CHECK_EQ(grown[17], 64); /* the burst's cap */
   for (int i = 0; i < 18; i++) fx_free(&f, w[i]);
   CHECK_OK(stash_heap_check(f.heap));
   fx_close(&f);
@@ -1178,6 +1239,8 @@ int main(void) {
   RUN(stitch_memory_is_mapped_in_the_arena_on_first_use);
   RUN(stitching_maps_whole_allocations_and_uses_their_free_part);
   RUN(stitching_begins_and_ends_in_partly_free_allocations);
+  RUN(the_free_end_is_the_last_fit);
+  RUN(a_stitched_range_ends_in_a_larger_free_allocation_at_the_end);
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
