@@ -30,10 +30,11 @@
  * fall to half their peak (the first forward pass), a growth that comes within 20
  * allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
  * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
- * near the peak is reserved for nothing: at most 64 MiB of it). The small arena bursts likewise, at any time, up to
- * 8 MiB: 2 MiB steps where growth is rare (a late step's few small requests) - up to 6 MiB
- * less reserved for nothing than one 8 MiB step - and 8 MiB ones where it is frequent (an
- * optimizer's state of many 1 MiB tensors being made), so as not to pay four times the calls.
+ * near the peak is reserved for nothing: at most 64 MiB of it). The small arena bursts
+ * likewise, at any time, up to 8 MiB: 2 MiB steps where growth is rare (a late step's few
+ * small requests) - up to 6 MiB less reserved for nothing than one 8 MiB step - and 8 MiB
+ * ones where it is frequent (an optimizer's state of many 1 MiB tensors being made), so as
+ * not to pay four times the calls.
  *
  * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
  * give at least a tenth of it in whole physical allocations - or half of it in whole
@@ -1209,9 +1210,11 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, sb_edge* hd, sb_edge* t
  * head and the holes leave (the tail's bytes), and the rest stays free in the arena. An
  * allocation larger than what is missing is otherwise never taken (only whole ones that fit
  * the count), and the range would map new memory beside a free one that could have served
- * it. Not taken when a tail found elsewhere is as large. scratch: room for size / G pages. */
+ * it. Not taken when a tail found elsewhere is as large. (Counting the holes' pages takes a
+ * buffer of its own: the caller's holds the pages it has picked. Without host memory for it,
+ * no such tail: the range takes new memory, as it would have.) */
 static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
-                               const sb_edge* tail, uint32_t* scratch) {
+                               const sb_edge* tail) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
   const sb_block* t = a->last;
@@ -1222,7 +1225,11 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
   for (; i < a->nhandles && a->handles[i].first_page + a->handles[i].npages <= hi; i++)
     if (a->handles[i].npages * G > bytes) best = i, bytes = a->handles[i].npages * G;
   if (best == SIZE_MAX || (tail->found && bytes <= tail->bytes)) return none;
-  size_t holes = stitch_from_free(h, slot, (size - head_b) / G, scratch) * G;
+  size_t n = (size - head_b) / G;
+  uint32_t* scratch = malloc((n ? n : 1) * sizeof *scratch);
+  if (!scratch) return none;
+  size_t holes = stitch_from_free(h, slot, n, scratch) * G;
+  free(scratch);
   if (head_b + holes >= size || head_b + holes + bytes < size) return none;
   return (sb_edge){true, best, size - head_b - holes};
 }
@@ -1295,7 +1302,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (!edges_found) stitch_edges(h, slot, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
-    sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl, homes);
+    sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);
     if (end.found) tl = end;
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
