@@ -1083,18 +1083,30 @@ static stash_status_t stitch_release(stash_heap_t* h, sb_stitch* st) {
   return STASH_OK;
 }
 
+/* The physical allocations lying wholly inside block b of arena a (of heap h): from the
+ * returned index on, while whole_handle_in(a, i, *hi) - they are consecutive in a->handles. */
+static size_t whole_handles_from(const stash_heap_t* h, const sb_arena* a, const sb_block* b,
+                                 size_t* hi) {
+  size_t lo = (size_t)(b->ptr - a->base + G - 1) / G;
+  *hi = (size_t)(b->ptr + b->size - a->base) / G;
+  size_t i = handle_after(a, lo); /* the one holding page lo, or the first after it ... */
+  if (i < a->nhandles && a->handles[i].first_page < lo) i++; /* ... starting at or after lo */
+  return i;
+}
+
+static bool whole_handle_in(const sb_arena* a, size_t i, size_t hi) {
+  return i < a->nhandles && a->handles[i].first_page + a->handles[i].npages <= hi;
+}
+
 /* Take into homes (from *got on) the pages of the physical allocations lying wholly inside
  * free block b (of either arena), as long as they fit in n. */
 static void take_whole_handles(stash_heap_t* h, const sb_block* b, size_t n, uint32_t* homes,
                                size_t* got) {
   const sb_arena* a = b->arena;
   uint32_t mark = a->small ? kSmallHome : 0;
-  size_t lo = (size_t)(b->ptr - a->base + G - 1) / G, hi = (size_t)(b->ptr + b->size - a->base) / G;
-  size_t i = handle_after(a, lo); /* the one holding page lo, or the first after it ... */
-  if (i < a->nhandles && a->handles[i].first_page < lo) i++; /* ... starting at or after lo */
-  for (; i < a->nhandles && *got < n; i++) {
+  size_t hi = 0;
+  for (size_t i = whole_handles_from(h, a, b, &hi); whole_handle_in(a, i, hi) && *got < n; i++) {
     const sb_handle* x = &a->handles[i];
-    if (x->first_page + x->npages > hi) break;
     if (*got + x->npages > n) continue;
     for (size_t p = 0; p < x->npages; p++) homes[(*got)++] = (uint32_t)(x->first_page + p) | mark;
   }
@@ -1219,10 +1231,8 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
   sb_edge none = {false, 0, 0};
   const sb_block* t = a->last;
   if (!t || t->kind != K_FREE || !tag_ok(t, slot)) return none;
-  size_t lo = (size_t)(t->ptr - a->base + G - 1) / G, hi = (size_t)(t->ptr + t->size - a->base) / G;
-  size_t i = handle_after(a, lo), best = SIZE_MAX, bytes = 0;
-  if (i < a->nhandles && a->handles[i].first_page < lo) i++;
-  for (; i < a->nhandles && a->handles[i].first_page + a->handles[i].npages <= hi; i++)
+  size_t hi = 0, best = SIZE_MAX, bytes = 0;
+  for (size_t i = whole_handles_from(h, a, t, &hi); whole_handle_in(a, i, hi); i++)
     if (a->handles[i].npages * G > bytes) best = i, bytes = a->handles[i].npages * G;
   if (best == SIZE_MAX || (tail->found && bytes <= tail->bytes)) return none;
   size_t n = (size - head_b) / G;
