@@ -149,9 +149,6 @@ STASH_HIDDEN void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size);
  * earlier (two turns, when that one still lives), within a loop whose period holds, and the
  * offset that one got. */
 STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset);
-/* Whether the program is now at a point of a loop whose period holds where live bytes equal
- * those a turn before (where _stash_loop_hint could offer hints). */
-STASH_HIDDEN bool _stash_loop_in_turn(const stash_loop_t* L);
 /* Where the allocations that the one about to happen will live beside are likely to go:
  * when it has a counterpart (as for _stash_loop_hint, whatever the offset that one got), the
  * [offset, offset + size) of each allocation placed in the arena after the counterpart and

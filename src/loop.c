@@ -135,7 +135,9 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
   detect(L, e);
 }
 
-bool _stash_loop_in_turn(const stash_loop_t* L) {
+/* Whether the program is now at a point of a loop whose period holds where live bytes equal
+ * those a turn before (where hints can be offered). */
+static bool in_turn(const stash_loop_t* L) {
   uint64_t e = L->base + L->n, p = L->period;
   if (L->disabled || !p || e - L->base <= p) return false;
   return at(L, e - 1)->live == at(L, e - 1 - p)->live; /* else a layer repeating, not a turn */
@@ -148,7 +150,7 @@ bool _stash_loop_in_turn(const stash_loop_t* L) {
  * every two turns); NULL otherwise. */
 static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
-  if (!_stash_loop_in_turn(L)) return NULL;
+  if (!in_turn(L)) return NULL;
   const stash_loop_ev_t* x = at(L, e - p);
   if (x->code != alloc_code(size)) return NULL;
   if (!x->freed && e - L->base > 2 * p) { /* it lives on: its memory is taken */

@@ -20,17 +20,20 @@
  * blocks. Once nothing at all is live (a model deleted), the phases start afresh.
  *
  * When nothing fits, an arena grows at its end: new physical memory, mapped and made
- * accessible, of at least 2 MiB (small arena) or 6 MiB (large). Not the small arena in a
- * repeating turn of a training loop (loop.c; after live bytes first halve, one stream): there
- * a growth would be a driver call in the steady state, and a small request that the small
- * arena's drifting layout cannot fit takes the large arena's best fit instead (it still
- * counts as small, by its size, and the loop detector does not see it). Each physical allocation
- * costs one cuMemSetAccess piece (~19 us: docs/driver-costs.md), so the large arena grows in
- * allocations of up to 192 MiB (1/16 of a request above 3 GiB), and, until live bytes first
- * fall to half their peak (the first forward pass), a growth that comes within 20
- * allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
- * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
- * near the peak is reserved for nothing: at most 64 MiB of it). The small arena bursts
+ * accessible, of at least 2 MiB (small arena) or 6 MiB (large). The small arena grows only
+ * when the large arena has no free block that fits either: a small request that the small
+ * arena cannot fit takes the large arena's best fit first (it still counts as small, by its
+ * size, and the loop detector does not see it), so that memory left free by the large
+ * requests - between training steps, in the holes of the forward pass - serves the small
+ * requests' peaks (an optimizer's step over many small tensors) instead of new memory
+ * beside it, and a small arena whose layout drifts in a training loop makes no growth in
+ * the steady state. Each physical allocation costs one cuMemSetAccess piece (~19 us:
+ * docs/driver-costs.md), so the large arena grows in allocations of up to 192 MiB (1/16 of a
+ * request above 3 GiB), and, until live bytes first fall to half their peak (the first
+ * forward pass), a growth that comes within 20 allocations of the last one takes twice the
+ * last one's size, up to 64 MiB: fewer, larger pieces while memory first climbs, the exact
+ * need afterwards (a burst's unused end near the peak is reserved for nothing: at most 64 MiB
+ * of it). The small arena bursts
  * likewise, at any time, up to 8 MiB: 2 MiB steps where growth is rare (a late step's few
  * small requests) - up to 6 MiB less reserved for nothing than one 8 MiB step - and 8 MiB
  * ones where it is frequent (an optimizer's state of many 1 MiB tensors being made), so as
@@ -1477,9 +1480,10 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     return STASH_OK;
   }
 grow:
-  if (!b && a->small && s->dropped && s->nstreams <= 1 && _stash_loop_in_turn(&s->loop)) {
-    /* In a repeating turn, a growth is a driver call in the steady state: a small request
-     * that drifted out of the small arena takes the large arena's best fit instead. */
+  if (!b && a->small) {
+    /* A small request that the small arena cannot fit takes the large arena's best fit
+     * before the small arena grows: memory the large requests have left free serves it
+     * without a driver call (and without a growth in a training loop's steady state). */
     a = &s->arenas[1];
     b = best_fit(a, size, slot);
     if (!b) a = &s->arenas[0];

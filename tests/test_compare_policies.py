@@ -3,11 +3,14 @@
 with the tenth session's growth constants (a growth minimum of 20 MiB, bursts of up to 192 MiB:
 kLargeGrowBytes = 20 MiB, kBurstMax = 192 MiB, replayed by an experiment build the tool makes).
 Today's peaks are the scoreboard's. With the old constants and today's rules (the free end
-taken last, a stitched range ending in a larger free allocation of the free end), reserved is
-higher on all four traces (by 8 to 94 MiB), and resnet50_train and bert_varlen_train lose their
-targets: the rules and the constants were chosen together (docs/policy-stash.md, "Eleventh
-session"). Bad settings and sets end with an error; so does a constant the experiment build is
-given directly that is not a positive integer (it aborts, naming it).
+taken last, a stitched range ending in a larger free allocation of the free end, small
+requests taking the large arena's free memory before the small arena grows), reserved is
+higher on resnet50_train (by 20 MiB: over expandable segments, so it loses its targets) and
+gpt2_sidestream_train (10 MiB), the same on gpt2_train and lower on bert_varlen_train (94 MiB),
+at 0.71x the modelled driver time: the constants trade memory for driver calls, and were
+chosen with the rules (docs/policy-stash.md, "Eleventh session"). Bad settings and sets end with
+an error; so does a constant the experiment build is given directly that is not a positive
+integer (it aborts, naming it).
 
   test_compare_policies.py TOOL STASH_REPLAY KNOB_BUILD_DIR
 """
@@ -17,10 +20,10 @@ import subprocess
 import sys
 
 MiB = 1 << 20
-TODAY = {"resnet50_train.csv.gz": 6115295232, "gpt2_train.csv.gz": 13715374080,
-         "bert_varlen_train.csv.gz": 12914262016, "gpt2_sidestream_train.csv.gz": 13706985472}
-OLD = {"resnet50_train.csv.gz": 6129975296, "gpt2_train.csv.gz": 13727956992,
-       "bert_varlen_train.csv.gz": 13012828160, "gpt2_sidestream_train.csv.gz": 13715374080}
+TODAY = {"resnet50_train.csv.gz": 6100615168, "gpt2_train.csv.gz": 13732151296,
+         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13704888320}
+OLD = {"resnet50_train.csv.gz": 6121586688, "gpt2_train.csv.gz": 13732151296,
+       "bert_varlen_train.csv.gz": 12809404416, "gpt2_sidestream_train.csv.gz": 13715374080}
 
 
 def main():
@@ -42,13 +45,13 @@ def main():
         check("today's peaks", a["peaks"], TODAY)
         check("the old constants' peaks", b["peaks"], OLD)
         check("all three targets, today", a["all_three"], 4)
-        check("all three targets, old constants", b["all_three"], 2)
+        check("all three targets, old constants", b["all_three"], 3)
         c = b["against_first"]
-        check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (0, 0, 4))
-        check("largest rise", c["peak_delta_max"], 94 * MiB)
-        check("smallest rise", c["peak_delta_min"], 8 * MiB)
-        check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False},
-                                    {"trace": "bert_varlen_train.csv.gz", "now": False}])
+        check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (1, 1, 2))
+        check("largest rise", c["peak_delta_max"], 20 * MiB)
+        check("largest fall", c["peak_delta_min"], -94 * MiB)
+        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.71)
+        check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False}])
         check("passing under either", len(out["passing_under_any"]), 4)
     for bad, message in ((["defaults", "kSmallGrowBytes"], "bad setting"),
                          (["defaults", "kSmallGrowBytes=lots"], "invalid literal"),
