@@ -1459,10 +1459,6 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
   }
   if (a->small && s->nsmall_ranged) b = small_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
-  if (!b && a->small && s->ncached) { /* merge the cached blocks before growing */
-    cache_flush(s);
-    b = best_fit(a, size, slot);
-  }
   if (!b && !a->small && size >= kStitchCoverMin) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
@@ -1484,9 +1480,12 @@ grow:
     /* A small request that the small arena cannot fit takes the large arena's best fit
      * before the small arena grows: memory the large requests have left free serves it
      * without a driver call (and without a growth in a training loop's steady state). */
-    a = &s->arenas[1];
-    b = best_fit(a, size, slot);
-    if (!b) a = &s->arenas[0];
+    b = best_fit(&s->arenas[1], size, slot);
+    if (b) a = &s->arenas[1];
+    if (!b && s->ncached) { /* merge the cached blocks before growing */
+      cache_flush(s);
+      b = best_fit(a, size, slot);
+    }
   }
   if (!b) {
     size_t tail = free_tail(a, slot);
