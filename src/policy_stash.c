@@ -62,16 +62,18 @@
  * new memory made for the same range). The range's memory in
  * use is lent to it: while the stitched block lives, it is carved out of its arenas as
  * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
- * Small requests keep off the small arena's pages that a range maps while other memory fits
- * them (the best fitting block elsewhere, among the first 64), and a block freed there is
- * not kept in the fast path's cache: a range whose memory is free again serves its block
- * again without a new range. New allocations are mapped at the range only; at their place
- * in the arena not before the arena first hands out a block on them (arena_ready) - a range
- * whose memory serves it turn after turn never pays the second mapping. Stitched ranges stay mapped and
- * serve later requests of a similar size (at most twice as large) whenever their memory is
- * free again, or, if blocks have since taken a little of one end, whenever the block fits
- * a little further along - so once a training loop repeats, every request finds the same
- * memory as in the previous iteration and no driver call is made.
+ * Small requests keep off the pages that a range maps - the small arena's, and the large
+ * arena's when the small arena cannot fit them - while other memory fits them (the best
+ * fitting block elsewhere, among the first 64; in the large arena, not its free end), and a
+ * block freed on such a page is not kept in the fast path's cache: a range whose memory is
+ * free again serves its block again without a new range. New allocations are mapped at the
+ * range only; at their place in the arena not before the arena first hands out a block on
+ * them (arena_ready) - a range whose memory serves it turn after turn never pays the second
+ * mapping. Stitched ranges stay mapped and serve later requests of a similar size (at most
+ * twice as large) whenever their memory is free again, or, if blocks have since taken a
+ * little of one end, whenever the block fits a little further along - so once a training
+ * loop repeats, every request finds the same memory as in the previous iteration and no
+ * driver call is made.
  *
  * Turn replay: a training loop repeats its allocations turn after turn, but best fit alone
  * lets the layout drift (the blocks that live across a turn's start sit a little
@@ -230,6 +232,9 @@ struct sb_arena_s {
   sb_block* last;
   size_t grow_bytes;
   size_t nlazy;       /* physical allocations not yet usable at their arena address */
+  uint32_t* ranged;   /* [page]: how many stitched ranges map that page of the arena */
+  size_t cap_ranged;
+  size_t nranged;     /* pages of the arena some range maps */
   size_t last_grow_pages;      /* the last growth (not for a stitched range) ... */
   uint64_t allocs_at_last_grow; /* ... and sb_state.nallocs then */
   sb_block key;       /* the search key of fits_begin, kept here so that a search does not
@@ -279,9 +284,6 @@ typedef struct sb_state_s {
   int64_t live_peak;   /* the most bytes allocated at once since nothing was (the stats' peak
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
-  uint32_t* small_ranged; /* [page]: stitched ranges mapping that page of the small arena */
-  size_t cap_small_ranged;
-  size_t nsmall_ranged;   /* small-arena pages some range maps */
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
@@ -724,13 +726,10 @@ undo:
 }
 
 /* Whether a stitched range maps any of pages [first, first + n) of arena a. */
-static bool mapped_by_a_range(const sb_state* s, const sb_arena* a, size_t first, size_t n) {
-  uint32_t mark = a->small ? kSmallHome : 0;
-  for (const sb_stitch* x = s->stitches; x; x = x->next_st)
-    for (size_t i = 0; i < x->npages; i++)
-      if ((x->homes[i] & kSmallHome) == mark && home_page(x->homes[i]) >= first &&
-          home_page(x->homes[i]) < first + n)
-        return true;
+static bool ranged_pages(const sb_arena* a, size_t first, size_t n) {
+  if (!a->nranged) return false;
+  for (size_t p = first; p < first + n && p < a->cap_ranged; p++)
+    if (a->ranged[p]) return true;
   return false;
 }
 
@@ -744,7 +743,7 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     uint64_t start = a->base + hd->first_page * G;
     size_t bytes = hd->npages * G;
     if (!t || t->kind != K_FREE || t->ptr > start) return STASH_OK;
-    if (mapped_by_a_range(s, a, hd->first_page, hd->npages)) return STASH_OK;
+    if (ranged_pages(a, hd->first_page, hd->npages)) return STASH_OK;
     stash_status_t st = hd->access == H_UNMAPPED ? STASH_OK : PCALL(h, unmap, h->device, start, bytes);
     if (st != STASH_OK) return prov_fail(h, st, "unmap memory");
     stash_status_t released = PCALL(h, phys_release, h->device, hd->handle);
@@ -1033,38 +1032,35 @@ static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
   return err;
 }
 
-/* Count st's small-arena pages in (delta 1) or out (delta -1) of s->small_ranged. */
-static stash_status_t small_ranged_add(sb_state* s, const sb_stitch* st, int delta) {
-  if (!st->small_homes) return STASH_OK;
-  size_t top = 0;
-  for (size_t i = 0; i < st->npages; i++)
-    if (st->homes[i] & kSmallHome && home_page(st->homes[i]) + 1 > top)
-      top = home_page(st->homes[i]) + 1;
-  if (top > s->cap_small_ranged) { /* room first: nothing is counted on a failure */
-    size_t cap = s->cap_small_ranged;
-    uint32_t* v = _stash_array_grow(s->small_ranged, &cap, top, sizeof *v, 64);
+/* Count st's pages in (delta 1) or out (delta -1) of their arenas' `ranged` counts. */
+static stash_status_t ranged_add(sb_state* s, const sb_stitch* st, int delta) {
+  for (int k = 0; k < 2; k++) { /* room first: nothing is counted on a failure */
+    sb_arena* a = &s->arenas[k];
+    size_t top = 0;
+    for (size_t i = 0; i < st->npages; i++)
+      if (home_arena(s, st->homes[i]) == a && home_page(st->homes[i]) + 1 > top)
+        top = home_page(st->homes[i]) + 1;
+    if (top <= a->cap_ranged) continue;
+    size_t cap = a->cap_ranged;
+    uint32_t* v = _stash_array_grow(a->ranged, &cap, top, sizeof *v, 64);
     if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-    memset(v + s->cap_small_ranged, 0, (cap - s->cap_small_ranged) * sizeof *v);
-    s->small_ranged = v;
-    s->cap_small_ranged = cap;
+    memset(v + a->cap_ranged, 0, (cap - a->cap_ranged) * sizeof *v);
+    a->ranged = v;
+    a->cap_ranged = cap;
   }
   for (size_t i = 0; i < st->npages; i++) {
-    if (!(st->homes[i] & kSmallHome)) continue;
+    sb_arena* a = home_arena(s, st->homes[i]);
     size_t p = home_page(st->homes[i]);
-    if (delta > 0 && s->small_ranged[p]++ == 0) s->nsmall_ranged++;
-    if (delta < 0 && --s->small_ranged[p] == 0) s->nsmall_ranged--;
+    if (delta > 0 && a->ranged[p]++ == 0) a->nranged++;
+    if (delta < 0 && --a->ranged[p] == 0) a->nranged--;
   }
   return STASH_OK;
 }
 
-/* Whether [ptr, ptr + size) of the small arena touches a page some stitched range maps. */
-static bool small_ranged_at(stash_heap_t* h, uint64_t ptr, size_t size) {
-  sb_state* s = S(h);
-  size_t lo = (size_t)(ptr - s->arenas[0].base) / G;
-  size_t hi = (size_t)(ptr + size - 1 - s->arenas[0].base) / G;
-  for (size_t p = lo; p <= hi && p < s->cap_small_ranged; p++)
-    if (s->small_ranged[p]) return true;
-  return false;
+/* Whether [ptr, ptr + size) of arena a touches a page some stitched range maps. */
+static bool ranged_at(stash_heap_t* h, const sb_arena* a, uint64_t ptr, size_t size) {
+  size_t lo = (size_t)(ptr - a->base) / G, hi = (size_t)(ptr + size - 1 - a->base) / G;
+  return ranged_pages(a, lo, hi - lo + 1);
 }
 
 static void stitch_unlink(sb_state* s, sb_stitch* st) {
@@ -1078,7 +1074,7 @@ static stash_status_t stitch_release(stash_heap_t* h, sb_stitch* st) {
   sb_state* s = S(h);
   stash_status_t r = PCALL(h, unmap, h->device, st->va, st->npages * G);
   if (r != STASH_OK) return prov_fail(h, r, "unmap a stitched range");
-  small_ranged_add(s, st, -1); /* only decrements: cannot fail */
+  ranged_add(s, st, -1); /* only decrements: cannot fail */
   stitch_unlink(s, st);
   free(st->homes);
   free(st);
@@ -1349,7 +1345,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   }
   if (r == STASH_OK) r = stitch_pick(h, slot, mid, got, homes + lead);
   for (size_t p = 0; r == STASH_OK && p < n; p++) st->small_homes |= (homes[p] & kSmallHome) != 0;
-  if (r == STASH_OK) r = small_ranged_add(s, st, 1);
+  if (r == STASH_OK) r = ranged_add(s, st, 1);
   bool counted = r == STASH_OK;
   if (r == STASH_OK) {
     st->va = s->stitch_va;
@@ -1363,7 +1359,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   }
   if (r != STASH_OK) {
     /* Pages picked from holes are still free; a mapping made is undone by stitch_map. */
-    if (counted) small_ranged_add(s, st, -1);
+    if (counted) ranged_add(s, st, -1);
     free(homes);
     free(st);
     return r;
@@ -1404,14 +1400,15 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
   return carve(s, fb, at, size, pre, post);
 }
 
-/* The best fitting free block of the small arena whose front, where the block would go,
- * touches no page a stitched range maps (among the first kClearFitTries fits); NULL if none:
- * those pages are the ranges', while other memory serves. */
-static sb_block* small_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot) {
+/* The best fitting free block of arena a whose front, where the block would go, touches no
+ * page a stitched range maps (among the first kClearFitTries fits; in the large arena, not
+ * its free end, the last fit there); NULL if none: those pages are the ranges', while other
+ * memory serves. */
+static sb_block* ranged_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot) {
   sb_fits it = fits_begin(a, size, slot);
   sb_block* b;
   for (int tries = kClearFitTries; tries-- > 0 && (b = fits_next(&it));)
-    if (!small_ranged_at(h, b->ptr, size)) return b;
+    if ((a->small || b != a->last) && !ranged_at(h, a, b->ptr, size)) return b;
   return NULL;
 }
 
@@ -1457,7 +1454,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
         h->stats.allocated_bytes[STASH_STAT_ALL].current * kQuietShare < s->live_peak)
       b = first_fit(a, size, slot);
   }
-  if (a->small && s->nsmall_ranged) b = small_fit(h, a, size, slot);
+  if (a->small && a->nranged) b = ranged_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
   if (!b && !a->small && size >= kStitchCoverMin) {
     sb_block* ub = block_new(s);
@@ -1480,8 +1477,10 @@ grow:
     /* A small request that the small arena cannot fit takes the large arena's best fit
      * before the small arena grows: memory the large requests have left free serves it
      * without a driver call (and without a growth in a training loop's steady state). */
-    b = best_fit(&s->arenas[1], size, slot);
-    if (b) a = &s->arenas[1];
+    sb_arena* large = &s->arenas[1];
+    if (large->nranged) b = ranged_fit(h, large, size, slot);
+    if (!b) b = best_fit(large, size, slot);
+    if (b) a = large;
     if (!b && s->ncached) { /* merge the cached blocks before growing */
       cache_flush(s);
       b = best_fit(a, size, slot);
@@ -1615,7 +1614,7 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   b->uses = NULL;
   b->nuses = b->cap_uses = 0;
   if (b->arena->small && s->nstreams <= 1 && s->cached_bytes + b->size <= kCacheMaxBytes &&
-      !(s->nsmall_ranged && small_ranged_at(h, b->ptr, b->size))) {
+      !ranged_at(h, b->arena, b->ptr, b->size)) {
     /* kept for the next request of its size (not on a page a stitched range maps: the range
      * needs it free) */
     sb_block** head = &s->cache[b->size / kMinBlock - 1];
@@ -1773,7 +1772,7 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
   }
   free(s->va_ranges);
   free(s->streams);
-  free(s->small_ranged);
+  for (int i = 0; i < 2; i++) free(s->arenas[i].ranged);
   _stash_loop_free(&s->loop);
   _stash_ptrmap_free(&s->allocated);
   _stash_slab_destroy(&s->block_slab);
@@ -1996,21 +1995,28 @@ static stash_status_t sb_check(stash_heap_t* h) {
       if (!carved) FAIL("lent memory is not carved out of the arena");
     }
   }
-  { /* the small arena's pages that ranges map, counted as the ranges say */
-    size_t pages = 0, counted = 0, summed = 0;
+  for (int k = 0; k < 2; k++) { /* the pages that ranges map, counted as the ranges say */
+    const sb_arena* a = &s->arenas[k];
+    uint32_t mark = a->small ? kSmallHome : 0;
+    uint32_t* want = calloc(a->cap_ranged ? a->cap_ranged : 1, sizeof *want);
+    if (!want) return _stash_error(STASH_ERR_HOST_OOM, "heap check: out of host memory");
     bool wrong = false;
-    for (size_t p = 0; p < s->cap_small_ranged; p++) {
-      size_t maps = 0;
-      for (sb_stitch* x = s->stitches; x && s->small_ranged[p]; x = x->next_st)
-        for (size_t i = 0; i < x->npages; i++) maps += x->homes[i] == ((uint32_t)p | kSmallHome);
-      wrong |= maps != s->small_ranged[p];
-      pages += s->small_ranged[p] != 0;
-      summed += s->small_ranged[p];
-    }
     for (sb_stitch* x = s->stitches; x; x = x->next_st)
-      for (size_t i = 0; i < x->npages; i++) counted += (x->homes[i] & kSmallHome) != 0;
-    if (wrong || pages != s->nsmall_ranged || summed != counted)
-      FAIL("the counts of small-arena pages in stitched ranges are out of date");
+      for (size_t i = 0; i < x->npages; i++) {
+        if ((x->homes[i] & kSmallHome) != mark) continue;
+        size_t p = home_page(x->homes[i]);
+        if (p < a->cap_ranged) want[p]++;
+        else wrong = true;
+      }
+    size_t pages = 0;
+    for (size_t p = 0; p < a->cap_ranged; p++) {
+      wrong |= want[p] != a->ranged[p];
+      pages += a->ranged[p] != 0;
+    }
+    free(want);
+    if (wrong || pages != a->nranged)
+      FAIL("the counts of %s-arena pages in stitched ranges are out of date",
+           a->small ? "small" : "large");
   }
   if (live != s->allocated.count) FAIL("the address map holds stale entries");
   if (total != h->total_reserved) FAIL("total reserved %zu != %zu", h->total_reserved, total);

@@ -1239,6 +1239,39 @@ TEST(small_requests_keep_off_the_pages_of_a_cached_range) {
   fx_close(&f);
 }
 
+/* The same in the large arena, for a small request the small arena cannot fit: of two equal
+ * holes, it takes the one that no cached range maps (best fit would take the lower, the
+ * range's), and the range's block, requested again, finds its memory free. */
+TEST(a_small_request_in_the_large_arena_keeps_off_the_pages_of_a_cached_range) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1); /* [A 100][B 30][C 100][D 4 + 16], none free */
+  fx_free(&f, p[0]);
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* stitched from A and 200 MiB new */
+  CHECK(find(&f, x).in_stitched);
+  fx_free(&f, x); /* cached: A's hole and the new 200 MiB (the free end) are its pages */
+  fx_free(&f, p[2]); /* a hole as large as A's, on no range's pages */
+  int64_t small = STAT(&f, reserved_bytes, SMALL, current);
+  void* s1 = fx_alloc(&f, 1 * MiB, S1); /* the small arena's (2 MiB, 21 KiB of it cached) */
+  CHECK(U(s1) < U(p[0]) || U(s1) >= U(p[0]) + 250 * MiB);
+  uint64_t calls = memory_calls(&f);
+  void* s2 = fx_alloc(&f, 1 * MiB, S1); /* the small arena's 1 MiB less 21 KiB: no fit */
+  CHECK_EQ(U(s2), U(p[2])); /* C's hole, not A's */
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), small);
+  void* x2 = fx_alloc(&f, 300 * MiB, S1); /* the same range: its pages are free */
+  CHECK_EQ(U(x2), U(x));
+  CHECK_EQ(memory_calls(&f), calls);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x2);
+  fx_free(&f, s2);
+  fx_free(&f, s1);
+  fx_free(&f, fill);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
+  fx_close(&f);
+}
+
 /* ---- the steady state ------------------------------------------------------------------- */
 
 /* A training step in miniature: parameters live throughout; each step allocates
@@ -1304,6 +1337,7 @@ int main(void) {
   RUN(stitching_respects_streams);
   RUN(a_stitched_range_takes_the_small_arena_s_free_memory);
   RUN(small_requests_keep_off_the_pages_of_a_cached_range);
+  RUN(a_small_request_in_the_large_arena_keeps_off_the_pages_of_a_cached_range);
   RUN(a_mid_sized_request_is_stitched_only_from_free_memory);
   RUN(a_request_under_64_MiB_is_never_stitched);
   RUN(empty_cache_unmaps_free_stitched_ranges);
