@@ -28,8 +28,8 @@
  * requests' peaks (an optimizer's step over many small tensors) instead of new memory
  * beside it, and a small arena whose layout drifts in a training loop makes no growth in
  * the steady state. Each physical allocation costs one cuMemSetAccess piece (~19 us:
- * docs/driver-costs.md), so the large arena grows in allocations of up to 192 MiB (1/16 of a
- * request above 3 GiB), and, until live bytes first fall to half their peak (the first
+ * docs/driver-costs.md), so the large arena grows in allocations of up to 192 MiB (1/10 of a
+ * request above 1.875 GiB), and, until live bytes first fall to half their peak (the first
  * forward pass), a growth that comes within 20 allocations of the last one takes twice the
  * last one's size, up to 64 MiB: fewer, larger pieces while memory first climbs, the exact
  * need afterwards (a burst's unused end near the peak is reserved for nothing: at most 64 MiB
@@ -137,12 +137,12 @@ static long long knob(const char* name, long long value) {
 #define kSmallBurstMax KNOB_Z(kSmallBurstMax, (size_t)8 << 20)
 /* The large arena grows by at least kLargeGrowBytes, in physical allocations of at most
  * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
- * wholly free, for stitching), or of 1/kLargePieces of a request above 3 GiB. A growth
+ * wholly free, for stitching), or of 1/kLargePieces of a request above 10 of them. A growth
  * kBurstAllocs or fewer allocations after the last doubles the last one's size, up to
  * kBurstMax (until live bytes first fall to half their peak). */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
-#define kLargePieces KNOB_I(kLargePieces, 16)
+#define kLargePieces KNOB_I(kLargePieces, 10)
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
 /* Live-byte phases count from a peak of kPhaseMinPeak: below 1/kQuietShare of the peak, first

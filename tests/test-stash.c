@@ -713,23 +713,23 @@ TEST(little_in_the_holes_grows_the_arena_instead) {
 TEST(a_huge_request_comes_in_few_pieces) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* x = fx_alloc(&f, 8 * GiB, S1); /* 1/16 of it a piece, not 43 pieces of 192 MiB */
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 16);
+  void* x = fx_alloc(&f, 8 * GiB, S1); /* 1/10 of it a piece, not 43 pieces of 192 MiB */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 10);
   void* y = fx_alloc(&f, 30 * MiB, S1);
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 17);
-  fx_free(&f, x); /* a hole of 16 whole allocations */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 11);
+  fx_free(&f, x); /* a hole of 10 whole allocations */
   void* z = fx_alloc(&f, 12 * GiB, S1); /* stitched: the hole's 8 GiB, and 4 GiB new */
   CHECK(find(&f, z).in_stitched);
   /* y's growth came in a burst (64 MiB): its free 34 MiB start the range (a head); the
    * other 4062 MiB are new, in pieces of at most 1 GiB: 3 of 1024 MiB and one of 990 */
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 4);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 11 + 4);
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(8 * GiB + 64 * MiB + 4062 * MiB));
   fx_free(&f, z);
   /* above 64 GiB, pieces of 1/64 of the request: 80 GiB in 1280 MiB pieces. The range reuses
    * the 12 GiB one's memory (8 GiB + 34 MiB + 4062 MiB) and takes 68 GiB new: 55 pieces */
   void* w = fx_alloc(&f, 80 * GiB, S1);
   CHECK(find(&f, w).in_stitched);
-  CHECK_EQ(STAT(&f, segment, LARGE, current), 17 + 4 + 55);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 11 + 4 + 55);
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(80 * GiB + 64 * MiB - 34 * MiB));
   fx_free(&f, w);
   fx_free(&f, y);
