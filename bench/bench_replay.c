@@ -2,13 +2,14 @@
  * alloc/free pairs, median of several repetitions, on the simulated device (no driver
  * time: what is measured is stash's own bookkeeping).
  *
- *   bench_replay [--reps N] [--conf STR]... TRACE...
+ *   bench_replay [--reps N] [--conf STR]... [--no-pairs] TRACE...
  *
  * For each trace and configuration: "cold" is a first pass on a fresh heap (it includes
  * creating the segments), "warm" a second pass over the same heap after the first pass's
  * blocks were freed (the cache already holds what the trace needs) - as the anchors'
  * figures for PyTorch in data/traces/README.md were taken. Then pairs: the same size
- * allocated and freed 10^6 times, for 4 KiB ... 64 MiB.
+ * allocated and freed 10^6 times, for 4 KiB ... 64 MiB (not with --no-pairs: a profile of the
+ * traces alone).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,10 +61,11 @@ int main(int argc, char** argv) {
   int reps = 7;
   const char* confs[16];
   int nconfs = 0;
-  int first_trace = argc;
+  int first_trace = argc, pairs = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--conf") && i + 1 < argc && nconfs < 16) confs[nconfs++] = argv[++i];
+    else if (!strcmp(argv[i], "--no-pairs")) pairs = 0;
     else {
       first_trace = i;
       break;
@@ -107,6 +109,7 @@ int main(int argc, char** argv) {
     free(ptrs);
     trace_free(&t);
   }
+  if (!pairs) return 0;
   printf("\n%-44s %10s %16s\n", "same size alloc+free, 10^6 pairs", "size", "ns/pair (median)");
   static const size_t sizes[] = {4096, 65536, 1 << 20, 4 << 20, 64 << 20};
   for (int c = 0; c < nconfs; c++) {
