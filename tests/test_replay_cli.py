@@ -443,6 +443,32 @@ def test_explain_unwritable():
     check("--explain: cannot write" in err, "message: %r" % err)
 
 
+def test_output_that_is_a_trace_is_refused():
+    # "--explain TRACE" (the file forgotten) would overwrite the trace with the explanation:
+    # refused before anything is written, and the trace is left as it was.
+    with open(os.path.join(DATA, "traces", "resnet50_train.csv.gz"), "rb") as f:
+        data = f.read()
+    path = write("keep-me.csv.gz", data=data)
+    other = write("other.csv.gz", data=data)
+    link = os.path.join(TMP, "link-to-keep-me.csv.gz")
+    os.symlink(path, link)
+    for args, pattern in [
+            (("--explain", path, other, path), "--explain '%s' is also a trace" % path),
+            (("--explain", link, path), "--explain '%s' is also a trace" % link),
+            (("--html", path, other, path), "--html '%s' is also a trace" % path),
+            (("--explain", os.path.join(TMP, "out.txt"), "--html",
+              os.path.join(TMP, "out.txt"), path), "--explain and --html both write")]:
+        rc, out, err = run(*args)
+        check_eq(rc, 2, "exit code of %r" % (args,))
+        check(pattern in err, "message of %r: %r" % (args, err))
+        with open(path, "rb") as f:
+            check(f.read() == data, "%r changed the trace" % (args,))
+    check(not os.path.exists(os.path.join(TMP, "out.txt")), "nothing written")
+    # an explanation written to a new file, next to the same trace, is fine
+    rc, out, err = run("--explain", os.path.join(TMP, "fine.txt"), "--conf", PT, path)
+    check_eq(rc, 0, "exit code with a fresh --explain file: %s" % err)
+
+
 # ---- bad inputs --------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "html.h"
@@ -63,7 +64,9 @@ static void usage(FILE* f) {
           "                   before it (how many, how much, the largest): why it did not fit;\n"
           "                   then, per pool, where the reserved bytes were when they first\n"
           "                   reached their peak: live, rounding, pending free, lent to\n"
-          "                   stitched blocks, holes, free at segment ends\n"
+          "                   stitched blocks, holes, free at segment ends ('-': stderr)\n"
+          "                   (an --html or --explain FILE that is one of the traces, or\n"
+          "                   both the same file, is refused: nothing is written)\n"
           "  -h, --help       this text\n"
           "\n"
           "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash and\n"
@@ -254,6 +257,32 @@ static void explain_peak(FILE* f, const replay_result_t* r) {
               text);
 }
 
+/* Whether paths a and b name one existing file (the same inode): an output that would
+ * overwrite an input, or the other output. */
+static bool same_file(const char* a, const char* b) {
+  struct stat x, y;
+  return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* An output path (--html, --explain) that is one of the traces, or the other output: refused
+ * before anything is written, so that a slip of the argument order loses no trace. */
+static bool output_clashes(const char* what, const char* path, const char* other_what,
+                           const char* other, const char* const* traces, int ntraces) {
+  if (!path || !strcmp(path, "-")) return false;
+  for (int i = 0; i < ntraces; i++) {
+    if (!strcmp(path, traces[i]) || same_file(path, traces[i])) {
+      fprintf(stderr, "stash-replay: %s '%s' is also a trace to replay: it would be overwritten "
+                      "(give the output file first: %s FILE TRACE...)\n", what, path, what);
+      return true;
+    }
+  }
+  if (other && (!strcmp(path, other) || same_file(path, other))) {
+    fprintf(stderr, "stash-replay: %s and %s both write '%s'\n", what, other_what, path);
+    return true;
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   const char* confs[MAX_CONFS];
   int nconfs = 0;
@@ -368,6 +397,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (output_clashes("--explain", explain_path, "--html", html_path, traces, ntraces) ||
+      output_clashes("--html", html_path, "--explain", NULL, traces, ntraces))
+    return 2;
   FILE* html = NULL;
   if (html_path) {
     html = fopen(html_path, "w");
