@@ -17,6 +17,19 @@ top.csv: t0 alloc X 3, t1 alloc Y 4, t2 alloc Z 2, t3 free X, t4 free Z, t5 allo
   V 4-8, X 4-7, W 8-10, Z 7-9: 10. Life order (Y, X, W, V, Z): Y 0-4, X 4-7, W 4-6,
   V 6-10, Z 7-9: 10.
 
+turns.csv (--min-period 3): a turn T = alloc A 4, alloc B 2, free A, alloc C 6, free B,
+  free C; then T, alloc O 8 (never freed: an optimizer's state), T, T, T (events t0-t24).
+  Peak live 16 (O + B + C). The sizes repeat with period 3 over the last 6 allocations (not
+  the 9th from the end: O); the last period's allocation with the fewest large bytes live
+  before it is A (8, against 12 for B and 10 for C), so turns start at each A, and the first
+  turn is only seen: the time rule places it and O (A 0-4, B 4-6, C 6-12; O 0-8), then each
+  later turn is planned largest first around O: C 8-14, A 8-12 (C is not yet live), B 14-16:
+  16. Time, in every turn after the first: A 8-12, B 12-14, C finds only A's hole of 4 and
+  goes above B: 14-20. Best fit the same: 20. Size: O 0-8, the first C 0-6 (before O), the
+  others 8-14, the first A 0-4, the others 8-12, the first B 6-8, the others 14-16: 16.
+  Life: O, then the B's (0-2, then 8-10 beside O), C's (2-8, 10-16), A's (2-6, 10-14): 16.
+  The two traces above have no period: "-".
+
 Also: a gzipped copy reads the same, and no argument prints usage.
 
   test_offline_bound.py TOOL
@@ -32,17 +45,25 @@ TRACES = {
     "order.csv": ([("allocate", "0xa000", 4), ("allocate", "0xb000", 2), ("free", "0xa000", 4),
                    ("allocate", "0xc000", 6), ("free", "0xb000", 2), ("free", "0xc000", 6)],
                   # blocks, peak live, extents by size, life, time, best fit
-                  (3, 8, [8, 8, 12, 12])),
+                  (3, 8, [8, 8, 12, 12, None])),
     "top.csv": ([("allocate", "0x1000", 3), ("allocate", "0x2000", 4), ("allocate", "0x3000", 2),
                  ("free", "0x1000", 3), ("free", "0x3000", 2), ("allocate", "0x4000", 2),
                  ("allocate", "0x5000", 4)],
-                (5, 10, [10, 10, 11, 13])),
+                (5, 10, [10, 10, 11, 13, None])),
+    "turns.csv": ([("allocate", "0xa0", 4), ("allocate", "0xb0", 2), ("free", "0xa0", 4),
+                   ("allocate", "0xc0", 6), ("free", "0xb0", 2), ("free", "0xc0", 6),
+                   ("allocate", "0xf0", 8)] +
+                  sum([[("allocate", "0xa%d" % i, 4), ("allocate", "0xb%d" % i, 2),
+                        ("free", "0xa%d" % i, 4), ("allocate", "0xc%d" % i, 6),
+                        ("free", "0xb%d" % i, 2), ("free", "0xc%d" % i, 6)] for i in (2, 3, 4)],
+                      []),
+                  (13, 16, [16, 16, 20, 20, 16])),
 }
 
 
 def expected(nblocks, live, extents):
     return "%d %d %s" % (nblocks, live * MiB, " ".join(
-        "%d (%.2f%%)" % (e * MiB, 100.0 * live / e) for e in extents))
+        "-" if e is None else "%d (%.2f%%)" % (e * MiB, 100.0 * live / e) for e in extents))
 
 
 def main():
@@ -60,8 +81,8 @@ def main():
                 f.write(text)
             paths += [plain, plain + ".gz"]
             want[name] = want[name + ".gz"] = expected(*answer)
-        out = subprocess.run([sys.executable, tool] + paths, capture_output=True, text=True,
-                             check=True).stdout.splitlines()
+        out = subprocess.run([sys.executable, tool, "--min-period", "3"] + paths,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
         for line in out[1:]:
             name = line.split()[0]
             got = " ".join(line.split()[1:])

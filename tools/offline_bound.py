@@ -3,7 +3,7 @@
 the whole future (the bound that planning, STAlloc-style, reaches without remapping), and
 online, by two best-fit rules that know nothing of it.
 
-  tools/offline_bound.py TRACE [TRACE...]
+  tools/offline_bound.py [--min-period P] TRACE [TRACE...]
 
 TRACE: an RMM CSV log or a PyTorch memory snapshot (torch.cuda.memory._snapshot() pickled),
 plain or gzip - the formats stash-replay reads. For the blocks over 1 MiB (policy:stash's
@@ -20,6 +20,17 @@ of four placements, each block at one offset for its whole life:
   best fit: online too, the usual rule: the smallest free block that fits, the free space
         above the highest live block counting as one of them (so a small request can take
         it while a hole would do), and the range extended only when none fits.
+  turns: the time rule until a training loop's turns begin, then each turn planned: its
+        blocks largest first, each into the smallest gap free for its whole life around the
+        blocks placed before (those living across the turn's start among them) - an oracle
+        for one turn at a time, which is what a planner that forecasts a turn from the one
+        before it (the allocations of a fixed-shape loop repeat) could reach without
+        remapping. The turns: the large blocks' sizes, in allocation order, repeat with a
+        period of P allocations (the smallest P >= --min-period, default 50, repeated over
+        at least the last 2P allocations); a turn starts at the allocation of the last period
+        made with the fewest large bytes live, and every P allocations before and after it.
+        The first whole turn is only seen (a planner has nothing to forecast it from): it,
+        and everything before it, is placed by the time rule. "-" without a period.
 Both online rules grow the range by exactly what is missing, with no granularity.
 A ratio (peak live / extent) below 98% under size and life means no allocator that keeps
 each block contiguous in one range can reach 98% on the trace, even offline; only remapping
@@ -84,19 +95,66 @@ def peak_live(items):
     return best
 
 
-def extent(items, key):
-    placed, top = [], 0  # (start, end, offset, size)
+def place(placed, a, b, s):
+    """The offset of the smallest gap that holds s bytes for all of [a, b) among the placed
+    blocks (start, end, offset, size) living then (the lowest of equal ones), or the free space
+    above them."""
+    spans = sorted((o, o + z) for pa, pb, o, z in placed if pa < b and a < pb)
+    best, best_len, free_from = None, None, 0
+    for lo, hi in spans:
+        if lo - free_from >= s and (best is None or lo - free_from < best_len):
+            best, best_len = free_from, lo - free_from
+        free_from = max(free_from, hi)
+    return free_from if best is None else best
+
+
+def extent(items, key, placed=None):
+    placed = [] if placed is None else placed  # (start, end, offset, size)
+    top = max((o + z for _, _, o, z in placed), default=0)
     for a, b, s in sorted(items, key=key):
-        spans = sorted((o, o + z) for pa, pb, o, z in placed if pa < b and a < pb)
-        best, best_len, free_from = None, None, 0
-        for lo, hi in spans:
-            if lo - free_from >= s and (best is None or lo - free_from < best_len):
-                best, best_len = free_from, lo - free_from
-            free_from = max(free_from, hi)
-        if best is None:
-            best = free_from
-        placed.append((a, b, best, s))
-        top = max(top, best + s)
+        o = place(placed, a, b, s)
+        placed.append((a, b, o, s))
+        top = max(top, o + s)
+    return top
+
+
+def turn_starts(items, min_period):
+    """Indices (into items, in allocation order) where turns start, or None: see "turns"."""
+    sizes = [s for _, _, s in items]
+    n, period = len(sizes), None
+    for p in range(min_period, n // 2 + 1):
+        k = 0
+        while k < n - p and sizes[n - 1 - k] == sizes[n - 1 - k - p]:
+            k += 1
+        if k >= 2 * p:
+            period = p
+            break
+    if not period:
+        return None
+    ev = sorted([(a, s) for a, _, s in items] + [(b, -s) for _, b, s in items])
+    times, live, cur = [t for t, _ in ev], [], 0
+    for _, d in ev:
+        cur += d
+        live.append(cur)
+
+    def live_before(t):  # large bytes live just before event t
+        i = bisect.bisect_left(times, t)
+        return live[i - 1] if i else 0
+    first = min(range(n - period, n), key=lambda i: (live_before(items[i][0]), i)) % period
+    return list(range(first + period, n, period))  # the first turn is seen, not planned
+
+
+def turn_plan(items, min_period):
+    items = sorted(items)
+    starts = turn_starts(items, min_period)
+    if starts is None:
+        return None
+    placed = []
+    top = extent(items[:starts[0]], lambda x: x[0], placed)
+    bounds = starts + [len(items)]
+    for i in range(len(starts)):
+        top = max(top, extent(items[bounds[i]:bounds[i + 1]],
+                              lambda x: (-x[2], x[0] - x[1], x[0]), placed))
     return top
 
 
@@ -136,21 +194,35 @@ def best_fit(items):
 
 
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    min_period = 50
+    if args[:1] == ["--min-period"]:
+        if len(args) < 2 or not args[1].isdigit() or int(args[1]) < 1:
+            print("offline_bound.py: --min-period wants a positive number", file=sys.stderr)
+            return 2
+        min_period, args = int(args[1]), args[2:]
+    if not args:
         print(__doc__.strip())
         return 2
     orders = (("size", lambda x: (-x[2], x[0] - x[1], x[0])),
               ("life", lambda x: (x[0] - x[1], -x[2], x[0])),
               ("time", lambda x: x[0]),
-              ("best fit", None))
+              ("best fit", None),
+              ("turns", "turns"))
     print("%-36s %7s %12s  %s" % ("trace", "blocks", "peak live", "  ".join(
         "%-22s" % ("extent by " + o) for o, _ in orders)))
-    for path in sys.argv[1:]:
+    for path in args:
         items = blocks(path)
         live = peak_live(items)
         cols = []
         for _, key in orders:
-            e = extent(items, key) if key else best_fit(items)
+            if key == "turns":
+                e = turn_plan(items, min_period)
+                if e is None:
+                    cols.append("%-22s" % "-")
+                    continue
+            else:
+                e = extent(items, key) if key else best_fit(items)
             cols.append("%-22s" % ("%d (%.2f%%)" % (e, 100.0 * live / e if e else 100.0)))
         print("%-36s %7d %12d  %s" % (path.split("/")[-1][:36], len(items), live, "  ".join(cols)),
               flush=True)
