@@ -1034,15 +1034,17 @@ static stash_status_t stitch_map(stash_heap_t* h, sb_stitch* st) {
 
 /* Count st's pages in (delta 1) or out (delta -1) of their arenas' `ranged` counts. */
 static stash_status_t ranged_add(sb_state* s, const sb_stitch* st, int delta) {
+  size_t top[2] = {0, 0}; /* per arena: one past the range's highest page there */
+  if (delta > 0) /* (a range counted before has its room) */
+    for (size_t i = 0; i < st->npages; i++) {
+      size_t* t = &top[home_arena(s, st->homes[i]) == &s->arenas[0] ? 0 : 1];
+      if (home_page(st->homes[i]) + 1 > *t) *t = home_page(st->homes[i]) + 1;
+    }
   for (int k = 0; k < 2; k++) { /* room first: nothing is counted on a failure */
     sb_arena* a = &s->arenas[k];
-    size_t top = 0;
-    for (size_t i = 0; i < st->npages; i++)
-      if (home_arena(s, st->homes[i]) == a && home_page(st->homes[i]) + 1 > top)
-        top = home_page(st->homes[i]) + 1;
-    if (top <= a->cap_ranged) continue;
+    if (top[k] <= a->cap_ranged) continue;
     size_t cap = a->cap_ranged;
-    uint32_t* v = _stash_array_grow(a->ranged, &cap, top, sizeof *v, 64);
+    uint32_t* v = _stash_array_grow(a->ranged, &cap, top[k], sizeof *v, 64);
     if (!v) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     memset(v + a->cap_ranged, 0, (cap - a->cap_ranged) * sizeof *v);
     a->ranged = v;
