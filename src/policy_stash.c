@@ -137,7 +137,8 @@ static long long knob(const char* name, long long value) {
 #define kSmallBurstMax KNOB_Z(kSmallBurstMax, (size_t)8 << 20)
 /* The large arena grows by at least kLargeGrowBytes, in physical allocations of at most
  * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
- * wholly free, for stitching), or of 1/kLargePieces of a request above 10 of them. A growth
+ * wholly free, for stitching), or of 1/kLargePieces of a request over kLargePieces times
+ * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB. A growth
  * kBurstAllocs or fewer allocations after the last doubles the last one's size, up to
  * kBurstMax (until live bytes first fall to half their peak). */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
