@@ -86,13 +86,23 @@ def blocks(path):
     return out
 
 
-def peak_live(items):
+def live_series(items):
+    """The events' times, in order, and the large bytes live after each."""
     ev = sorted([(a, s) for a, _, s in items] + [(b, -s) for _, b, s in items])
-    cur = best = 0
-    for _, d in ev:
+    times, live, cur = [], [], 0
+    for t, d in ev:
         cur += d
-        best = max(best, cur)
-    return best
+        times.append(t)
+        live.append(cur)
+    return times, live
+
+
+def peak_live(items):
+    return max(live_series(items)[1], default=0)
+
+
+BY_SIZE = lambda x: (-x[2], x[0] - x[1], x[0])  # largest first, then longest-lived, earliest
+BY_TIME = lambda x: x[0]  # in allocation order
 
 
 def place(placed, a, b, s):
@@ -131,11 +141,7 @@ def turn_starts(items, min_period):
             break
     if not period:
         return None
-    ev = sorted([(a, s) for a, _, s in items] + [(b, -s) for _, b, s in items])
-    times, live, cur = [t for t, _ in ev], [], 0
-    for _, d in ev:
-        cur += d
-        live.append(cur)
+    times, live = live_series(items)
 
     def live_before(t):  # large bytes live just before event t
         i = bisect.bisect_left(times, t)
@@ -150,11 +156,10 @@ def turn_plan(items, min_period):
     if starts is None:
         return None
     placed = []
-    top = extent(items[:starts[0]], lambda x: x[0], placed)
+    top = extent(items[:starts[0]], BY_TIME, placed)
     bounds = starts + [len(items)]
     for i in range(len(starts)):
-        top = max(top, extent(items[bounds[i]:bounds[i + 1]],
-                              lambda x: (-x[2], x[0] - x[1], x[0]), placed))
+        top = max(top, extent(items[bounds[i]:bounds[i + 1]], BY_SIZE, placed))
     return top
 
 
@@ -204,9 +209,9 @@ def main():
     if not args:
         print(__doc__.strip())
         return 2
-    orders = (("size", lambda x: (-x[2], x[0] - x[1], x[0])),
+    orders = (("size", BY_SIZE),
               ("life", lambda x: (x[0] - x[1], -x[2], x[0])),
-              ("time", lambda x: x[0]),
+              ("time", BY_TIME),
               ("best fit", None),
               ("turns", "turns"))
     print("%-36s %7s %12s  %s" % ("trace", "blocks", "peak live", "  ".join(
