@@ -1025,6 +1025,29 @@ TEST(a_request_the_holes_give_less_than_half_of_grows_the_arena) {
   fx_close(&f);
 }
 
+/* Half less a page: a freed block seldom begins or ends at an allocation's edge, so as a head
+ * or a tail it gives a little less than its size, and a request of twice it would otherwise
+ * grow whole. Here the head and the tail give 125 MiB of 252 (under half, over half less 2 MiB). */
+TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill, *a1, *c2;
+  head_and_tail(&f, p, &fill, &a1, &c2);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, 252 * MiB, S1);
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 128 * (int64_t)MiB);
+  CHECK(!phys_overlap(&f, x, 252 * MiB, a1, 40 * MiB));
+  CHECK(!phys_overlap(&f, x, 252 * MiB, c2, 35 * MiB));
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x);
+  void* y = fx_alloc(&f, 256 * MiB, S1); /* 125 + 2 < 128: grown, at the arena's end */
+  CHECK(!find(&f, y).in_stitched);
+  fx_free(&f, y);
+  head_and_tail_free(&f, p, fill, a1, c2);
+  fx_close(&f);
+}
+
 TEST(stitching_respects_streams) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -1330,6 +1353,7 @@ int main(void) {
   RUN(while_little_is_live_a_large_block_takes_the_lowest_fit);
   RUN(a_mid_sized_request_is_stitched_from_a_head_and_a_tail);
   RUN(a_request_the_holes_give_less_than_half_of_grows_the_arena);
+  RUN(a_request_the_holes_give_half_of_less_a_page_is_stitched);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
   RUN(a_small_request_takes_the_large_arenas_free_memory_before_the_small_arena_grows);
   RUN(in_a_repeating_turn_a_small_request_takes_large_arena_memory);
