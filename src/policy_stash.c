@@ -40,11 +40,14 @@
  * not to pay four times the calls.
  *
  * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
- * give at least a tenth of it in whole physical allocations - or half of it, less a page, in
- * whole allocations, a head and a tail (below; a freed block seldom begins or ends exactly at
- * an allocation's edge, so as a head or a tail it gives a little less than its size: a request
- * of twice a freed block - BERT-large's 357.7 MiB beside a freed 178.8 - is stitched from it,
- * not grown whole): a fresh virtual range mapped onto physical
+ * give at least a tenth of it in whole physical allocations - or half of it in whole
+ * allocations, a head and a tail (below), and, once live bytes have first fallen to half their
+ * peak, half less a page (a freed block seldom begins or ends exactly at an allocation's edge,
+ * so as a head or a tail it gives a little less than its size: a request of twice a freed
+ * block - BERT-large's 357.7 MiB beside a freed 178.8 at its second step's peak - is stitched
+ * from it, not grown whole; in the first forward pass, where every byte grown is still needed
+ * at the peak the pass climbs to, such a range would buy nothing and cost its pieces' access
+ * calls - ViT's attention does it in every layer): a fresh virtual range mapped onto physical
  * allocations that are wholly free right now - in the large arena's holes, the largest hole
  * first, then the small arena's (small requests peak at other times than large ones: an
  * optimizer's step against the forward pass), then at the large arena's free end - and, for
@@ -155,11 +158,11 @@ static long long knob(const char* name, long long value) {
 #define kQuietShare KNOB_I(kQuietShare, 4)
 #define kFirstFitTries KNOB_I(kFirstFitTries, 256)
 /* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
- * of them in whole allocations, or at least half (less a page) with the best head and tail;
- * smaller ones from kStitchCoverMin, only when whole free allocations cover them (no new memory). New
- * memory for a stitched range: one allocation of at most kStitchPiece, or of 1/kStitchPieces
- * of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole allocation, and
- * a head or tail gives at least that. */
+ * of them in whole allocations, or at least half (less a page, after the first drop) with the
+ * best head and tail; smaller ones from kStitchCoverMin, only when whole free allocations cover
+ * them (no new memory). New memory for a stitched range: one allocation of at most
+ * kStitchPiece, or of 1/kStitchPieces of a request above 64 GiB. Holes smaller than
+ * kStitchMinRun hold no whole allocation, and a head or tail gives at least that. */
 #define kStitchMin KNOB_Z(kStitchMin, (size_t)128 << 20)
 #define kStitchHoleShare KNOB_I(kStitchHoleShare, 10)
 #define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)64 << 20)
@@ -1298,7 +1301,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     stitch_edges(h, slot, &hd, &tl);
     edges_found = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
-    if (2 * (got * G + edges + G) < size) { /* less than half, even with a page: grow instead */
+    /* less than half (less a page, once live bytes have first fallen to half their peak):
+     * grow instead */
+    if (2 * (got * G + edges + (s->dropped ? G : 0)) < size) {
       free(homes);
       *out = NULL;
       return STASH_OK;

@@ -970,8 +970,7 @@ TEST(in_a_repeating_turn_a_small_request_takes_large_arena_memory) {
 
 /* [A 40 used + 60 free][B 30][C 65 free + 35 used][D 4][16]: a head of 60 (A's free end), a
  * tail of 65 (C's free start), no free allocation whole. */
-static void head_and_tail(fixture_t* f, void* p[4], void** fill, void** a1, void** c2) {
-  layout_full(f, p, fill, S1);
+static void head_and_tail_after_layout(fixture_t* f, void* p[4], void** a1, void** c2) {
   fx_free(f, p[0]);
   fx_free(f, p[2]);
   *a1 = fx_alloc(f, 40 * MiB, S1); /* best fit, A and C alike: the lower */
@@ -981,6 +980,11 @@ static void head_and_tail(fixture_t* f, void* p[4], void** fill, void** a1, void
   *c2 = fx_alloc(f, 35 * MiB, S1); /* best fit: C's last 35 */
   CHECK_EQ(U(*c2), U(p[2]) + 65 * MiB);
   fx_free(f, c1);
+}
+
+static void head_and_tail(fixture_t* f, void* p[4], void** fill, void** a1, void** c2) {
+  layout_full(f, p, fill, S1);
+  head_and_tail_after_layout(f, p, a1, c2);
 }
 
 static void head_and_tail_free(fixture_t* f, void* p[4], void* fill, void* a1, void* c2) {
@@ -1025,25 +1029,52 @@ TEST(a_request_the_holes_give_less_than_half_of_grows_the_arena) {
   fx_close(&f);
 }
 
-/* Half less a page: a freed block seldom begins or ends at an allocation's edge, so as a head
- * or a tail it gives a little less than its size, and a request of twice it would otherwise
- * grow whole. Here the head and the tail give 125 MiB of 252 (under half, over half less 2 MiB). */
-TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched) {
+/* Half less a page, once live bytes have first fallen to half their peak: a freed block seldom
+ * begins or ends at an allocation's edge, so as a head or a tail it gives a little less than
+ * its size, and a request of twice it would otherwise grow whole. Here the head and the tail
+ * give 125 MiB of 252 (under half, over half less 2 MiB). Before the first drop (the first
+ * forward pass, where every byte grown is needed at the peak anyway) the arena grows. */
+TEST(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void *p[4], *fill, *a1, *c2;
-  head_and_tail(&f, p, &fill, &a1, &c2);
+  head_and_tail(&f, p, &fill, &a1, &c2); /* live bytes peak at 250 MiB: under 256, no phases */
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, 252 * MiB, S1);
+  CHECK(!find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 252 * (int64_t)MiB);
+  fx_free(&f, x);
+  head_and_tail_free(&f, p, fill, a1, c2);
+  fx_close(&f);
+}
+
+TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_drop) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill, *a1, *c2;
+  /* live bytes peak at 950 MiB (the layout's 250, K's 200 and T's 500), then fall to 450:
+   * under half. K keeps them at a quarter of the peak or more below, so large requests still
+   * take the best fit (not the lowest), as head_and_tail expects. */
+  layout_full(&f, p, &fill, S1);
+  void* k = fx_alloc(&f, 200 * MiB, S1);
+  void* t = fx_alloc(&f, 500 * MiB, S1);
+  fx_free(&f, fx_alloc(&f, 4096, S1)); /* the policy sees the peak at its next request */
+  fx_free(&f, t);
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* T's memory, the free end, given back */
+  head_and_tail_after_layout(&f, p, &a1, &c2);
   int64_t before = STAT(&f, reserved_bytes, LARGE, current);
   void* x = fx_alloc(&f, 252 * MiB, S1);
   CHECK(find(&f, x).in_stitched);
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 128 * (int64_t)MiB);
   CHECK(!phys_overlap(&f, x, 252 * MiB, a1, 40 * MiB));
   CHECK(!phys_overlap(&f, x, 252 * MiB, c2, 35 * MiB));
+  CHECK(!phys_overlap(&f, x, 252 * MiB, k, 200 * MiB));
   CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, x);
   void* y = fx_alloc(&f, 256 * MiB, S1); /* 125 + 2 < 128: grown, at the arena's end */
   CHECK(!find(&f, y).in_stitched);
   fx_free(&f, y);
+  fx_free(&f, k);
   head_and_tail_free(&f, p, fill, a1, c2);
   fx_close(&f);
 }
@@ -1353,7 +1384,8 @@ int main(void) {
   RUN(while_little_is_live_a_large_block_takes_the_lowest_fit);
   RUN(a_mid_sized_request_is_stitched_from_a_head_and_a_tail);
   RUN(a_request_the_holes_give_less_than_half_of_grows_the_arena);
-  RUN(a_request_the_holes_give_half_of_less_a_page_is_stitched);
+  RUN(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop);
+  RUN(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_drop);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
   RUN(a_small_request_takes_the_large_arenas_free_memory_before_the_small_arena_grows);
   RUN(in_a_repeating_turn_a_small_request_takes_large_arena_memory);
