@@ -995,38 +995,52 @@ static void head_and_tail_free(fixture_t* f, void* p[4], void* fill, void* a1, v
   fx_free(f, p[3]);
 }
 
+/* A request of `size` stitched from head_and_tail's head and tail with `grown` bytes of new
+ * memory, sharing no memory with the blocks that stay; returns it. */
+static void* stitched_from_head_and_tail(fixture_t* f, size_t size, int64_t grown, void* a1,
+                                         void* c2) {
+  int64_t before = STAT(f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(f, size, S1);
+  CHECK(find(f, x).in_stitched);
+  CHECK_EQ(STAT(f, reserved_bytes, LARGE, current) - before, grown);
+  CHECK(!phys_overlap(f, x, size, a1, 40 * MiB));
+  CHECK(!phys_overlap(f, x, size, c2, 35 * MiB));
+  CHECK_OK(stash_heap_check(f->heap));
+  return x;
+}
+
 TEST(a_mid_sized_request_is_stitched_from_a_head_and_a_tail) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void *p[4], *fill, *a1, *c2;
   head_and_tail(&f, p, &fill, &a1, &c2);
-  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
   /* 150 MiB fits nowhere; the head and the tail give 125 of it, more than half: stitched,
    * with 26 MiB of new memory (25, in whole pages), not 150 */
-  void* x = fx_alloc(&f, 150 * MiB, S1);
-  CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 26 * (int64_t)MiB);
-  CHECK(!phys_overlap(&f, x, 150 * MiB, a1, 40 * MiB));
-  CHECK(!phys_overlap(&f, x, 150 * MiB, c2, 35 * MiB));
-  CHECK_OK(stash_heap_check(f.heap));
+  void* x = stitched_from_head_and_tail(&f, 150 * MiB, 26 * (int64_t)MiB, a1, c2);
+  fx_free(&f, x);
+  head_and_tail_free(&f, p, fill, a1, c2);
+  fx_close(&f);
+}
+
+/* A request that the head and the tail (125 MiB) do not give enough of grows the arena: in
+ * the arena, at its end, by all of it. */
+static void head_and_tail_grows(size_t size) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill, *a1, *c2;
+  head_and_tail(&f, p, &fill, &a1, &c2); /* live bytes peak at 250 MiB: under 256, no phases */
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, size, S1);
+  CHECK(!find(&f, x).in_stitched);
+  CHECK_EQ(U(x), U(fill) + 16 * MiB);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, (int64_t)size);
   fx_free(&f, x);
   head_and_tail_free(&f, p, fill, a1, c2);
   fx_close(&f);
 }
 
 TEST(a_request_the_holes_give_less_than_half_of_grows_the_arena) {
-  fixture_t f;
-  if (!fx_open(&f, "policy:stash", 0)) return;
-  void *p[4], *fill, *a1, *c2;
-  head_and_tail(&f, p, &fill, &a1, &c2);
-  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
-  void* x = fx_alloc(&f, 260 * MiB, S1); /* 125 < 130: in the arena, at its end */
-  CHECK(!find(&f, x).in_stitched);
-  CHECK_EQ(U(x), U(fill) + 16 * MiB);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 260 * (int64_t)MiB);
-  fx_free(&f, x);
-  head_and_tail_free(&f, p, fill, a1, c2);
-  fx_close(&f);
+  head_and_tail_grows(260 * MiB); /* 125 < 130 */
 }
 
 /* Half less a page, once live bytes have first fallen to half their peak: a freed block seldom
@@ -1035,17 +1049,7 @@ TEST(a_request_the_holes_give_less_than_half_of_grows_the_arena) {
  * give 125 MiB of 252 (under half, over half less 2 MiB). Before the first drop (the first
  * forward pass, where every byte grown is needed at the peak anyway) the arena grows. */
 TEST(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop) {
-  fixture_t f;
-  if (!fx_open(&f, "policy:stash", 0)) return;
-  void *p[4], *fill, *a1, *c2;
-  head_and_tail(&f, p, &fill, &a1, &c2); /* live bytes peak at 250 MiB: under 256, no phases */
-  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
-  void* x = fx_alloc(&f, 252 * MiB, S1);
-  CHECK(!find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 252 * (int64_t)MiB);
-  fx_free(&f, x);
-  head_and_tail_free(&f, p, fill, a1, c2);
-  fx_close(&f);
+  head_and_tail_grows(252 * MiB);
 }
 
 TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_drop) {
@@ -1062,14 +1066,8 @@ TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_dr
   fx_free(&f, t);
   CHECK_OK(stash_heap_empty_cache(f.heap)); /* T's memory, the free end, given back */
   head_and_tail_after_layout(&f, p, &a1, &c2);
-  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
-  void* x = fx_alloc(&f, 252 * MiB, S1);
-  CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 128 * (int64_t)MiB);
-  CHECK(!phys_overlap(&f, x, 252 * MiB, a1, 40 * MiB));
-  CHECK(!phys_overlap(&f, x, 252 * MiB, c2, 35 * MiB));
+  void* x = stitched_from_head_and_tail(&f, 252 * MiB, 128 * (int64_t)MiB, a1, c2);
   CHECK(!phys_overlap(&f, x, 252 * MiB, k, 200 * MiB));
-  CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, x);
   void* y = fx_alloc(&f, 256 * MiB, S1); /* 125 + 2 < 128: grown, at the arena's end */
   CHECK(!find(&f, y).in_stitched);
