@@ -53,10 +53,15 @@
  * optimizer's step against the forward pass), then at the large arena's free end - and, for
  * what is still missing, one new allocation of at most 1 GiB (several for more; 1/64 of a
  * request above 64 GiB each), appended to the arena. A request of 64-128 MiB that fits
- * nowhere is stitched only when whole free allocations - the holes', the small arena's, the
- * free end's - cover all of it, with no new memory (T5-small's 94 MiB logits at its second
- * step's peak, while the small arena holds the optimizer's idle memory); otherwise the arena
- * grows. The driver maps whole physical allocations only, never a part
+ * nowhere is stitched by the same rule, new memory and all, between the first drop of live
+ * bytes and a repeating turn (the second step's peak, where the optimizer's state first lies
+ * beside the activations: T5-small's 62.8 + 62.8 MiB freed beside a 125.5 MiB request); in the
+ * first forward pass, where every byte grown is needed at its peak anyway, and in a turn that
+ * turn replay follows, where a new range is a driver call the next turn may make again (ViT-B
+ * b88: 10 in its second half), only when whole free allocations - the holes', the small
+ * arena's, the free end's - cover all of it, with no new memory (T5-small's 94 MiB logits
+ * while the small arena holds the optimizer's idle memory); otherwise the arena grows. The
+ * driver maps whole physical allocations only, never a part
  * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
  * memory, it may begin with an allocation of which only the end is free (its "head": the
  * free end of a hole that does not hold it whole) and end with one of which only the start
@@ -159,8 +164,8 @@ static long long knob(const char* name, long long value) {
 #define kFirstFitTries KNOB_I(kFirstFitTries, 256)
 /* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
  * of them in whole allocations, or at least half (less a page, after the first drop) with the
- * best head and tail; smaller ones from kStitchCoverMin, only when whole free allocations cover
- * them (no new memory). New memory for a stitched range: one allocation of at most
+ * best head and tail; smaller ones from kStitchCoverMin too between the first drop and a
+ * repeating turn, and otherwise only when whole free allocations cover them (no new memory). New memory for a stitched range: one allocation of at most
  * kStitchPiece, or of 1/kStitchPieces of a request above 64 GiB. Holes smaller than
  * kStitchMinRun hold no whole allocation, and a head or tail gives at least that. */
 #define kStitchMin KNOB_Z(kStitchMin, (size_t)128 << 20)
@@ -1443,6 +1448,16 @@ static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot)
   return NULL;
 }
 
+/* Whether a request of kStitchCoverMin to kStitchMin that fits nowhere may take new memory in
+ * a stitched range, as larger ones do: once live bytes have first fallen to half their peak
+ * (in the first forward pass every byte grown is needed at its peak anyway) and while turn
+ * replay has no counterpart for it (in a repeating turn a new range is a driver call that the
+ * next turn may make again, where the arena's growth is made once). */
+static bool mid_sized_may_grow_a_range(sb_state* s, size_t size) {
+  uint64_t off = 0;
+  return s->dropped && !(s->nstreams <= 1 && _stash_loop_hint(&s->loop, size, &off));
+}
+
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
@@ -1471,7 +1486,8 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
-    stash_status_t r = stitch_alloc(h, size, slot, size < kStitchMin, &st);
+    bool cover_only = size < kStitchMin && !mid_sized_may_grow_a_range(s, size);
+    stash_status_t r = stitch_alloc(h, size, slot, cover_only, &st);
     if (r != STASH_OK || !st) block_delete(s, ub);
     if (r != STASH_OK) return r;
     if (!st) goto grow;

@@ -1052,20 +1052,27 @@ TEST(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop) {
   head_and_tail_grows(252 * MiB);
 }
 
+/* head_and_tail's layout once live bytes have fallen to half their peak: they peak at 950 MiB
+ * (the layout's 250, K's 200 and T's 500), then fall to 450. K, returned, keeps them at a
+ * quarter of the peak or more below, so large requests still take the best fit (not the
+ * lowest), as head_and_tail expects. */
+static void* head_and_tail_after_a_drop(fixture_t* f, void* p[4], void** fill, void** a1,
+                                        void** c2) {
+  layout_full(f, p, fill, S1);
+  void* k = fx_alloc(f, 200 * MiB, S1);
+  void* t = fx_alloc(f, 500 * MiB, S1);
+  fx_free(f, fx_alloc(f, 4096, S1)); /* the policy sees the peak at its next request */
+  fx_free(f, t);
+  CHECK_OK(stash_heap_empty_cache(f->heap)); /* T's memory, the free end, given back */
+  head_and_tail_after_layout(f, p, a1, c2);
+  return k;
+}
+
 TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_drop) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void *p[4], *fill, *a1, *c2;
-  /* live bytes peak at 950 MiB (the layout's 250, K's 200 and T's 500), then fall to 450:
-   * under half. K keeps them at a quarter of the peak or more below, so large requests still
-   * take the best fit (not the lowest), as head_and_tail expects. */
-  layout_full(&f, p, &fill, S1);
-  void* k = fx_alloc(&f, 200 * MiB, S1);
-  void* t = fx_alloc(&f, 500 * MiB, S1);
-  fx_free(&f, fx_alloc(&f, 4096, S1)); /* the policy sees the peak at its next request */
-  fx_free(&f, t);
-  CHECK_OK(stash_heap_empty_cache(f.heap)); /* T's memory, the free end, given back */
-  head_and_tail_after_layout(&f, p, &a1, &c2);
+  void* k = head_and_tail_after_a_drop(&f, p, &fill, &a1, &c2);
   void* x = stitched_from_head_and_tail(&f, 252 * MiB, 128 * (int64_t)MiB, a1, c2);
   CHECK(!phys_overlap(&f, x, 252 * MiB, k, 200 * MiB));
   fx_free(&f, x);
@@ -1075,6 +1082,33 @@ TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_dr
   fx_free(&f, k);
   head_and_tail_free(&f, p, fill, a1, c2);
   fx_close(&f);
+}
+
+/* A request of 64-128 MiB that fits nowhere takes the larger requests' rule - a head, a tail
+ * and new memory - between the first drop of live bytes and a repeating turn (the second
+ * step's peak); before the drop only free memory that covers all of it is stitched. Here the
+ * head gives 60 MiB of 110: stitched with 50 MiB new after the drop; grown by 110 before. */
+TEST(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop) {
+  for (int dropped = 0; dropped < 2; dropped++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", 0)) return;
+    void *p[4], *fill, *a1, *c2, *k = NULL;
+    if (dropped)
+      k = head_and_tail_after_a_drop(&f, p, &fill, &a1, &c2);
+    else
+      head_and_tail(&f, p, &fill, &a1, &c2);
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    void* x = fx_alloc(&f, 110 * MiB, S1);
+    CHECK_EQ(find(&f, x).in_stitched, dropped == 1);
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, (dropped ? 50 : 110) * (int64_t)MiB);
+    CHECK(!phys_overlap(&f, x, 110 * MiB, a1, 40 * MiB));
+    CHECK(!phys_overlap(&f, x, 110 * MiB, c2, 35 * MiB));
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, x);
+    if (k) fx_free(&f, k);
+    head_and_tail_free(&f, p, fill, a1, c2);
+    fx_close(&f);
+  }
 }
 
 TEST(stitching_respects_streams) {
@@ -1384,6 +1418,7 @@ int main(void) {
   RUN(a_request_the_holes_give_less_than_half_of_grows_the_arena);
   RUN(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop);
   RUN(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_drop);
+  RUN(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
   RUN(a_small_request_takes_the_large_arenas_free_memory_before_the_small_arena_grows);
   RUN(in_a_repeating_turn_a_small_request_takes_large_arena_memory);

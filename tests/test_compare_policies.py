@@ -5,7 +5,7 @@ kLargeGrowBytes = 20 MiB, kBurstMax = 192 MiB, replayed by an experiment build t
 Today's peaks are the scoreboard's. With the old constants and today's rules (the free end
 taken last, a stitched range ending in a larger free allocation of the free end, small
 requests taking the large arena's free memory before the small arena grows), reserved is
-higher on resnet50_train (by 22 MiB: over expandable segments, so it loses its targets) and
+higher on resnet50_train (by 36 MiB: over expandable segments, so it loses its targets) and
 gpt2_sidestream_train (10 MiB), the same on gpt2_train and lower on bert_varlen_train (94 MiB),
 at 0.71x the modelled driver time: the constants trade memory for driver calls, and were
 chosen with the rules (docs/policy-stash.md, "Eleventh session"). Bad settings and sets end with
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 MiB = 1 << 20
-TODAY = {"resnet50_train.csv.gz": 6100615168, "gpt2_train.csv.gz": 13732151296,
+TODAY = {"resnet50_train.csv.gz": 6085935104, "gpt2_train.csv.gz": 13732151296,
          "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13704888320}
 OLD = {"resnet50_train.csv.gz": 6123683840, "gpt2_train.csv.gz": 13732151296,
        "bert_varlen_train.csv.gz": 12809404416, "gpt2_sidestream_train.csv.gz": 13715374080}
@@ -48,7 +48,7 @@ def main():
         check("all three targets, old constants", b["all_three"], 3)
         c = b["against_first"]
         check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (1, 1, 2))
-        check("largest rise", c["peak_delta_max"], 22 * MiB)
+        check("largest rise", c["peak_delta_max"], 36 * MiB)
         check("largest fall", c["peak_delta_min"], -94 * MiB)
         check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.71)
         check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False}])
