@@ -507,6 +507,31 @@ WORKLOADS = {
     "convnext_tiny_b16": lambda: vision("convnext_tiny", 16),
     "swin_t_b16": lambda: vision("swin_t", 16),
     "vgg13_b64": lambda: vision("vgg13", 64),
+    # A fifteenth set, recorded in the fourteenth session after its second change (a 64-128 MiB
+    # request is stitched with new memory between the first drop of live bytes and a
+    # repeating turn) was chosen on the 320 earlier traces, and not used to choose it
+    # (data/traces/fifteenth): new batch sizes, weighted to the families that change touches
+    # (T5-small, ViT, ConvNeXt, Swin, ResNet-50).
+    "t5_b2": lambda: t5(2, 512, 128),
+    "t5_b38": lambda: t5(38, 512, 128),
+    "vit_b120": lambda: vit(120),
+    "vit_large_b12": lambda: vit_large(12),
+    "convnext_tiny_b24": lambda: vision("convnext_tiny", 24),
+    "convnext_tiny_b72": lambda: vision("convnext_tiny", 72),
+    "swin_t_b24": lambda: vision("swin_t", 24),
+    "swin_t_b56": lambda: vision("swin_t", 56),
+    "resnet50_b24": lambda: vision("resnet50", 24),
+    "resnet50_b208": lambda: vision("resnet50", 208),
+    "bert_large_b3": lambda: bert_large(3),
+    "bert_b6": lambda: bert_mlm(6, 512),
+    "t5_base_b3": lambda: t5_base(3),
+    "efficientnet_b0_b32": lambda: vision("efficientnet_b0", 32),
+    "densenet121_b24": lambda: vision("densenet121", 24),
+    "regnet_y_800mf_b96": lambda: vision("regnet_y_800mf", 96),
+    "resnet18_b96": lambda: vision("resnet18", 96),
+    "roberta_b6": lambda: roberta(6, 512),
+    "opt125m_b3": lambda: opt125m(3),
+    "mobilenet_v3_large_b64": lambda: vision("mobilenet_v3_large", 64),
 }
 
 
