@@ -13,9 +13,9 @@ Every setting after A is compared with A.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
 data/traces/more and more2), hf, holdout, fresh, later, final, blind, post, unseen, ninth,
-eleventh, twelfth, thirteenth, fourteenth; default: all. Anchors, as tools/targets_table.py
-takes them: PyTorch's four settings replayed by policy:pytorch (which reproduces the recorded
-runs) and cudaMallocAsync's recorded peak.
+eleventh, twelfth, thirteenth, fourteenth, fifteenth; default: all. Anchors, as
+tools/targets_table.py takes them: PyTorch's four settings replayed by policy:pytorch (which
+reproduces the recorded runs) and cudaMallocAsync's recorded peak.
 
 Why: a change of the policy that lowers peak reserved on most traces and raises it on few is
 systematic; one that moves as many traces up as down only reshuffles which traces happen to
@@ -35,7 +35,7 @@ from targets_table import CONFS as TABLE_CONFS, async_peaks as read_async_peaks,
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DATA = os.path.join(ROOT, "data", "traces")
 SETS = ["shared", "more", "hf", "holdout", "fresh", "later", "final", "blind", "post", "unseen",
-        "ninth", "eleventh", "twelfth", "thirteenth", "fourteenth"]
+        "ninth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth"]
 SHARED = ["resnet50_train", "gpt2_train", "bert_varlen_train", "gpt2_sidestream_train"]
 ANCHOR_CONFS = TABLE_CONFS[1:]  # PyTorch's four settings, the default first
 

@@ -511,7 +511,7 @@ WORKLOADS = {
     # request is stitched with new memory between the first drop of live bytes and a
     # repeating turn) was chosen on the 320 earlier traces, and not used to choose it
     # (data/traces/fifteenth): new batch sizes, weighted to the families that change touches
-    # (T5-small, ViT, ConvNeXt, Swin, ResNet-50).
+    # (T5-small, ViT, ConvNeXt, Swin, ResNet-50); the 13 the session's device time allowed.
     "t5_b2": lambda: t5(2, 512, 128),
     "t5_b38": lambda: t5(38, 512, 128),
     "vit_b120": lambda: vit(120),
@@ -525,13 +525,6 @@ WORKLOADS = {
     "bert_large_b3": lambda: bert_large(3),
     "bert_b6": lambda: bert_mlm(6, 512),
     "t5_base_b3": lambda: t5_base(3),
-    "efficientnet_b0_b32": lambda: vision("efficientnet_b0", 32),
-    "densenet121_b24": lambda: vision("densenet121", 24),
-    "regnet_y_800mf_b96": lambda: vision("regnet_y_800mf", 96),
-    "resnet18_b96": lambda: vision("resnet18", 96),
-    "roberta_b6": lambda: roberta(6, 512),
-    "opt125m_b3": lambda: opt125m(3),
-    "mobilenet_v3_large_b64": lambda: vision("mobilenet_v3_large", 64),
 }
 
 
