@@ -165,9 +165,10 @@ static long long knob(const char* name, long long value) {
 /* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
  * of them in whole allocations, or at least half (less a page, after the first drop) with the
  * best head and tail; smaller ones from kStitchCoverMin too between the first drop and a
- * repeating turn, and otherwise only when whole free allocations cover them (no new memory). New memory for a stitched range: one allocation of at most
- * kStitchPiece, or of 1/kStitchPieces of a request above 64 GiB. Holes smaller than
- * kStitchMinRun hold no whole allocation, and a head or tail gives at least that. */
+ * repeating turn, and otherwise only when whole free allocations cover them (no new memory).
+ * New memory for a stitched range: one allocation of at most kStitchPiece, or of
+ * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
+ * allocation, and a head or tail gives at least that. */
 #define kStitchMin KNOB_Z(kStitchMin, (size_t)128 << 20)
 #define kStitchHoleShare KNOB_I(kStitchHoleShare, 10)
 #define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)64 << 20)
