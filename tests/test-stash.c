@@ -1100,7 +1100,8 @@ TEST(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop) {
     int64_t before = STAT(&f, reserved_bytes, LARGE, current);
     void* x = fx_alloc(&f, 110 * MiB, S1);
     CHECK_EQ(find(&f, x).in_stitched, dropped == 1);
-    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, (dropped ? 50 : 110) * (int64_t)MiB);
+    int64_t grown = (dropped ? 50 : 110) * (int64_t)MiB;
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, grown);
     CHECK(!phys_overlap(&f, x, 110 * MiB, a1, 40 * MiB));
     CHECK(!phys_overlap(&f, x, 110 * MiB, c2, 35 * MiB));
     CHECK_OK(stash_heap_check(f.heap));
