@@ -1393,6 +1393,12 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
 
 static stash_status_t release_cache(stash_heap_t* h);
 
+/* Turn replay's hint for a large request of `size` (one stream only): in a repeating turn,
+ * the arena offset its counterpart got one turn earlier. */
+static bool turn_hint(const sb_state* s, size_t size, uint64_t* off) {
+  return s->nstreams <= 1 && _stash_loop_hint(&s->loop, size, off);
+}
+
 /* One attempt: a cached block, a stitched block, or a grown arena. */
 /* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
  * if that memory is free now (one stream). NULL otherwise, or, with
@@ -1401,7 +1407,7 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
                         stash_status_t* st) {
   sb_state* s = S(h);
   uint64_t off = 0;
-  if (s->nstreams > 1 || !_stash_loop_hint(&s->loop, size, &off)) return NULL;
+  if (!turn_hint(s, size, &off)) return NULL;
   uint64_t at = a->base + off;
   sb_block* fb = free_containing(a, at, size);
   if (!fb || !tag_ok(fb, slot)) return NULL;
@@ -1456,7 +1462,7 @@ static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot)
  * next turn may make again, where the arena's growth is made once). */
 static bool mid_sized_may_grow_a_range(sb_state* s, size_t size) {
   uint64_t off = 0;
-  return s->dropped && !(s->nstreams <= 1 && _stash_loop_hint(&s->loop, size, &off));
+  return s->dropped && !turn_hint(s, size, &off);
 }
 
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
