@@ -1023,7 +1023,7 @@ TEST(a_mid_sized_request_is_stitched_from_a_head_and_a_tail) {
 }
 
 /* A request that the head and the tail (125 MiB) do not give enough of grows the arena: in
- * the arena, at its end, by all of it. */
+ * the arena, at its end, by all of it, sharing no memory with the blocks that stay. */
 static void head_and_tail_grows(size_t size) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -1034,6 +1034,9 @@ static void head_and_tail_grows(size_t size) {
   CHECK(!find(&f, x).in_stitched);
   CHECK_EQ(U(x), U(fill) + 16 * MiB);
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, (int64_t)size);
+  CHECK(!phys_overlap(&f, x, size, a1, 40 * MiB));
+  CHECK(!phys_overlap(&f, x, size, c2, 35 * MiB));
+  CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, x);
   head_and_tail_free(&f, p, fill, a1, c2);
   fx_close(&f);
@@ -1089,27 +1092,17 @@ TEST(a_request_the_holes_give_half_of_less_a_page_is_stitched_after_the_first_dr
  * step's peak); before the drop only free memory that covers all of it is stitched. Here the
  * head gives 60 MiB of 110: stitched with 50 MiB new after the drop; grown by 110 before. */
 TEST(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop) {
-  for (int dropped = 0; dropped < 2; dropped++) {
-    fixture_t f;
-    if (!fx_open(&f, "policy:stash", 0)) return;
-    void *p[4], *fill, *a1, *c2, *k = NULL;
-    if (dropped)
-      k = head_and_tail_after_a_drop(&f, p, &fill, &a1, &c2);
-    else
-      head_and_tail(&f, p, &fill, &a1, &c2);
-    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
-    void* x = fx_alloc(&f, 110 * MiB, S1);
-    CHECK_EQ(find(&f, x).in_stitched, dropped == 1);
-    int64_t grown = (dropped ? 50 : 110) * (int64_t)MiB;
-    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, grown);
-    CHECK(!phys_overlap(&f, x, 110 * MiB, a1, 40 * MiB));
-    CHECK(!phys_overlap(&f, x, 110 * MiB, c2, 35 * MiB));
-    CHECK_OK(stash_heap_check(f.heap));
-    fx_free(&f, x);
-    if (k) fx_free(&f, k);
-    head_and_tail_free(&f, p, fill, a1, c2);
-    fx_close(&f);
-  }
+  head_and_tail_grows(110 * MiB); /* before the drop */
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill, *a1, *c2;
+  void* k = head_and_tail_after_a_drop(&f, p, &fill, &a1, &c2);
+  void* x = stitched_from_head_and_tail(&f, 110 * MiB, 50 * (int64_t)MiB, a1, c2);
+  CHECK(!phys_overlap(&f, x, 110 * MiB, k, 200 * MiB));
+  fx_free(&f, x);
+  fx_free(&f, k);
+  head_and_tail_free(&f, p, fill, a1, c2);
+  fx_close(&f);
 }
 
 TEST(stitching_respects_streams) {
