@@ -52,7 +52,7 @@
  * first, then the small arena's (small requests peak at other times than large ones: an
  * optimizer's step against the forward pass), then at the large arena's free end - and, for
  * what is still missing, one new allocation of at most 1 GiB (several for more; 1/64 of a
- * request above 64 GiB each), appended to the arena. A request of 64-128 MiB that fits
+ * request above 64 GiB each), appended to the arena. A request of 48-128 MiB that fits
  * nowhere is stitched by the same rule, new memory and all, between the first drop of live
  * bytes and a repeating turn (the second step's peak, where the optimizer's state first lies
  * beside the activations: T5-small's 62.8 + 62.8 MiB freed beside a 125.5 MiB request); in the
@@ -70,7 +70,10 @@
  * whole allocation of the arena's free end larger than what the head and the holes leave
  * missing, when it covers that: no new memory then (a whole allocation is otherwise taken
  * only where it fits the count, and one larger than what is missing would lie free beside
- * new memory made for the same range). The range's memory in
+ * new memory made for the same range). A range for a request under 64 MiB has no head and no
+ * tail in a hole: its edges would be a few MiB beside blocks of a few MiB, which take them
+ * in the next turn, and a range remade turn after turn is a driver call in the steady state
+ * (Swin-T b24's 55.5 MiB: 10 in its second half). The range's memory in
  * use is lent to it: while the stitched block lives, it is carved out of its arenas as
  * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
  * Small requests keep off the pages that a range maps - the small arena's, and the large
@@ -166,12 +169,14 @@ static long long knob(const char* name, long long value) {
  * of them in whole allocations, or at least half (less a page, after the first drop) with the
  * best head and tail; smaller ones from kStitchCoverMin too between the first drop and a
  * repeating turn, and otherwise only when whole free allocations cover them (no new memory).
+ * A range for a request under kStitchEdgeMin has no head, nor a tail in a hole.
  * New memory for a stitched range: one allocation of at most kStitchPiece, or of
  * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
  * allocation, and a head or tail gives at least that. */
 #define kStitchMin KNOB_Z(kStitchMin, (size_t)128 << 20)
 #define kStitchHoleShare KNOB_I(kStitchHoleShare, 10)
-#define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)64 << 20)
+#define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)48 << 20)
+#define kStitchEdgeMin KNOB_Z(kStitchEdgeMin, (size_t)64 << 20)
 #define kStitchPiece KNOB_Z(kStitchPiece, (size_t)1 << 30)
 #define kStitchPieces KNOB_I(kStitchPieces, 64)
 #define kStitchMinRun KNOB_Z(kStitchMinRun, (size_t)2 << 20)
@@ -1296,16 +1301,16 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   /* A new range: whole free allocations from the holes, then from the arena's free end, then
    * new ones. When it would take new memory, it may start with the free end of a partly free
    * allocation (a head) and end in the free start of another (a tail), to take less: the
-   * block runs from the head's free part to within the tail's. */
+   * block runs from the head's free part to within the tail's (from kStitchEdgeMin on). */
   size_t need = (size + G - 1) / G;
   uint32_t* homes = malloc(need * sizeof *homes);
   if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   size_t got = stitch_from_free(h, slot, need, homes);
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
-  bool edges_found = false;
+  bool edges_known = size < kStitchEdgeMin; /* looked for, or none wanted (a small range) */
   if (!cover_only && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
-    stitch_edges(h, slot, &hd, &tl);
-    edges_found = true;
+    if (!edges_known) stitch_edges(h, slot, &hd, &tl);
+    edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
     /* less than half (less a page, once live bytes have first fallen to half their peak):
      * grow instead */
@@ -1325,7 +1330,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     *out = NULL;
     return STASH_OK;
   } else {
-    if (!edges_found) stitch_edges(h, slot, &hd, &tl);
+    if (!edges_known) stitch_edges(h, slot, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);

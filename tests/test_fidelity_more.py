@@ -9,8 +9,8 @@ ViT; torchvision ResNet-50 and ResNet-101) in data/traces/hf (tools/gpu/run_reco
 17 more each in data/traces/holdout and data/traces/fresh, 20 in data/traces/later, 28
 each in data/traces/final and data/traces/blind, 26 each in data/traces/post and
 data/traces/unseen, 24 in data/traces/ninth and 28 each in data/traces/eleventh,
-data/traces/twelfth, data/traces/thirteenth and data/traces/fourteenth, and 13 in
-data/traces/fifteenth, recorded the same way.
+data/traces/twelfth, data/traces/thirteenth and data/traces/fourteenth, 13 in
+data/traces/fifteenth and 24 in data/traces/sixteenth, recorded the same way.
 Replayed under policy:pytorch, each must give exactly the max_memory_reserved() and
 max_memory_allocated() that the training run itself reported (runs.jsonl; its runs under
 other settings are not replayed here). The replays use --trace-addresses: each new segment
@@ -39,7 +39,7 @@ def main():
         more = os.path.join(data, "traces", sub)
         runs += [(more, json.loads(line)) for line in open(os.path.join(more, "runs.jsonl"))]
     for sub in ("hf", "holdout", "fresh", "later", "final", "blind", "post", "unseen", "ninth",
-                "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth"):
+                "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth"):
         d = os.path.join(data, "traces", sub)
         runs += [(d, json.loads(line)) for line in open(os.path.join(d, "runs.jsonl"))]
     for more, run in runs:
