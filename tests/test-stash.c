@@ -1055,18 +1055,24 @@ TEST(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop) {
   head_and_tail_grows(252 * MiB);
 }
 
-/* head_and_tail's layout once live bytes have fallen to half their peak: they peak at 950 MiB
+/* layout_full's layout once live bytes have fallen to half their peak: they peak at 950 MiB
  * (the layout's 250, K's 200 and T's 500), then fall to 450. K, returned, keeps them at a
  * quarter of the peak or more below, so large requests still take the best fit (not the
  * lowest), as head_and_tail expects. */
-static void* head_and_tail_after_a_drop(fixture_t* f, void* p[4], void** fill, void** a1,
-                                        void** c2) {
+static void* layout_full_after_a_drop(fixture_t* f, void* p[4], void** fill) {
   layout_full(f, p, fill, S1);
   void* k = fx_alloc(f, 200 * MiB, S1);
   void* t = fx_alloc(f, 500 * MiB, S1);
   fx_free(f, fx_alloc(f, 4096, S1)); /* the policy sees the peak at its next request */
   fx_free(f, t);
   CHECK_OK(stash_heap_empty_cache(f->heap)); /* T's memory, the free end, given back */
+  return k;
+}
+
+/* ... with head_and_tail's head and tail. */
+static void* head_and_tail_after_a_drop(fixture_t* f, void* p[4], void** fill, void** a1,
+                                        void** c2) {
+  void* k = layout_full_after_a_drop(f, p, fill);
   head_and_tail_after_layout(f, p, a1, c2);
   return k;
 }
@@ -1111,18 +1117,13 @@ TEST(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop) {
  * turn; remade turn after turn, it was a driver call in the steady state (fifteenth/swin_t_b24:
  * 10 in its second half, unseen/efficientnet_b4_b32: 4, final/t5_base_b4: 21). Here, after the
  * drop, C's free 40 MiB end could start a 56 MiB range with B's whole 30 MiB and no new
- * memory; the range takes B and 26 MiB of new memory instead. Before the drop, the arena grows
- * (a_mid_sized_request_is_stitched_only_from_free_memory). */
+ * memory; the range takes B and 26 MiB of new memory instead. Before the drop, only whole free
+ * allocations that cover it are stitched (a_mid_sized_request_is_stitched_only_from_free_memory). */
 TEST(a_request_of_48_to_64_MiB_takes_whole_allocations_and_new_memory_after_the_first_drop) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void *p[4], *fill;
-  layout_full(&f, p, &fill, S1);
-  void* k = fx_alloc(&f, 200 * MiB, S1); /* live bytes peak at 950 MiB, then fall to 450 */
-  void* t = fx_alloc(&f, 500 * MiB, S1);
-  fx_free(&f, fx_alloc(&f, 4096, S1)); /* the policy sees the peak at its next request */
-  fx_free(&f, t);
-  CHECK_OK(stash_heap_empty_cache(f.heap)); /* T's memory, the free end, given back */
+  void* k = layout_full_after_a_drop(&f, p, &fill);
   fx_free(&f, p[2]);
   void* c1 = fx_alloc(&f, 60 * MiB, S1); /* C's first 60: its last 40 free, a head */
   CHECK_EQ(U(c1), U(p[2]));
