@@ -30,6 +30,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from compare_policies import SETS  # noqa: E402  (the sets of data/traces, in one place)
+
 
 def main():
     replay, data = sys.argv[1], sys.argv[2]
@@ -38,8 +41,7 @@ def main():
     for sub in ("more", "more2"):
         more = os.path.join(data, "traces", sub)
         runs += [(more, json.loads(line)) for line in open(os.path.join(more, "runs.jsonl"))]
-    for sub in ("hf", "holdout", "fresh", "later", "final", "blind", "post", "unseen", "ninth",
-                "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth"):
+    for sub in [s for s in SETS if s not in ("shared", "more")]:  # hf and the later sets
         d = os.path.join(data, "traces", sub)
         runs += [(d, json.loads(line)) for line in open(os.path.join(d, "runs.jsonl"))]
     for more, run in runs:
