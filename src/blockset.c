@@ -107,6 +107,16 @@ static void transplant(blockset_t* s, bs_node_t* u, bs_node_t* v) {
   if (v) v->parent = u->parent;
 }
 
+void _stash_bs_replace(blockset_t* s, bs_node_t* old, bs_node_t* n) {
+  *n = *old;
+  if (!old->parent) s->root = n;
+  else if (old == old->parent->left) old->parent->left = n;
+  else old->parent->right = n;
+  if (n->left) n->left->parent = n;
+  if (n->right) n->right->parent = n;
+  old->left = old->right = old->parent = NULL;
+}
+
 static bs_node_t* subtree_min(bs_node_t* n) {
   while (n->left) n = n->left;
   return n;

@@ -67,6 +67,9 @@ STASH_HIDDEN void _stash_bs_init(blockset_t* s, bs_cmp_fn cmp);
 /* Insert n (not in any set). Returns false, inserting nothing, if an equal node exists. */
 STASH_HIDDEN bool _stash_bs_insert(blockset_t* s, bs_node_t* n);
 STASH_HIDDEN void _stash_bs_erase(blockset_t* s, bs_node_t* n);
+/* Put n (not in any set) in old's place, old leaving the set: O(1), no comparison. The caller
+ * guarantees that n orders where old did - between old's neighbours. */
+STASH_HIDDEN void _stash_bs_replace(blockset_t* s, bs_node_t* old, bs_node_t* n);
 /* The first node not less than key, or NULL. */
 STASH_HIDDEN bs_node_t* _stash_bs_lower_bound(const blockset_t* s, const bs_node_t* key);
 STASH_HIDDEN bs_node_t* _stash_bs_first(const blockset_t* s);

@@ -340,11 +340,28 @@ static void block_delete(sb_state* s, sb_block* b) {
   _stash_slab_free(&s->block_slab, b);
 }
 
-/* Insert a free block into its arena's sets and its tag's list. */
-static void free_insert(sb_state* s, sb_block* b) {
+/* Insert a free block into its arena's sets and its tag's list. `place`: a free block that
+ * leaves the sets (free_detach'ed) as b comes in, b lying between the same free neighbours
+ * by address: b takes its place in the address set without a search, and in the size set
+ * too when its size orders there as well - or NULL. */
+static void free_insert_at(sb_state* s, sb_block* b, sb_block* place) {
   sb_arena* a = b->arena;
-  _stash_bs_insert(&a->by_size[b->tag], &b->snode);
-  _stash_bs_insert(&a->by_addr, &b->anode);
+  blockset_t* by_size = &a->by_size[b->tag];
+  if (place && place->tag == b->tag) {
+    bs_node_t* lo = _stash_bs_prev(&place->snode);
+    bs_node_t* hi = _stash_bs_next(&place->snode);
+    if ((!lo || cmp_size(lo, &b->snode) < 0) && (!hi || cmp_size(&b->snode, hi) < 0))
+      _stash_bs_replace(by_size, &place->snode, &b->snode);
+    else {
+      _stash_bs_erase(by_size, &place->snode);
+      _stash_bs_insert(by_size, &b->snode);
+    }
+  } else {
+    if (place) _stash_bs_erase(&a->by_size[place->tag], &place->snode);
+    _stash_bs_insert(by_size, &b->snode);
+  }
+  if (place) _stash_bs_replace(&a->by_addr, &place->anode, &b->anode);
+  else _stash_bs_insert(&a->by_addr, &b->anode);
   if (b->tag) {
     sb_stream* st = &s->streams[b->tag];
     b->tprev = NULL;
@@ -354,16 +371,28 @@ static void free_insert(sb_state* s, sb_block* b) {
   }
 }
 
-static void free_remove(sb_state* s, sb_block* b) {
-  sb_arena* a = b->arena;
-  _stash_bs_erase(&a->by_size[b->tag], &b->snode);
-  _stash_bs_erase(&a->by_addr, &b->anode);
+static void free_insert(sb_state* s, sb_block* b) { free_insert_at(s, b, NULL); }
+
+/* Take a free block out of its tag's list, leaving it in its sets, for a block to take its
+ * place there (free_insert_at) or for free_remove. */
+static void free_detach(sb_state* s, sb_block* b) {
   if (b->tag) {
     if (b->tprev) b->tprev->tnext = b->tnext;
     else s->streams[b->tag].thead = b->tnext;
     if (b->tnext) b->tnext->tprev = b->tprev;
     b->tprev = b->tnext = NULL;
   }
+}
+
+/* Take a detached free block out of its sets. */
+static void free_erase(sb_block* b) {
+  _stash_bs_erase(&b->arena->by_size[b->tag], &b->snode);
+  _stash_bs_erase(&b->arena->by_addr, &b->anode);
+}
+
+static void free_remove(sb_state* s, sb_block* b) {
+  free_detach(s, b);
+  free_erase(b);
 }
 
 static void link_after(sb_block* n, sb_block* b) {
@@ -388,28 +417,35 @@ static bool tags_merge(uint32_t a, uint32_t b) { return a == b || a == 0 || b ==
 /* Whether stream slot `slot` may use free block b now. */
 static bool tag_ok(const sb_block* b, uint32_t slot) { return b->tag == 0 || b->tag == slot; }
 
-/* b is free and not in the sets: merge it with free neighbours, then insert it. */
+/* b is free and not in the sets: merge it with free neighbours, then insert it - in the
+ * address set, in the place of a neighbour it merged with. */
 static void free_coalesce(sb_state* s, sb_block* b) {
+  sb_block* place = NULL; /* a merged neighbour, deleted once b has its place */
   sb_block* n = b->next;
   if (n && n->kind == K_FREE && tags_merge(b->tag, n->tag)) {
-    free_remove(s, n);
+    free_detach(s, n);
     b->size += n->size;
     if (n->tag) b->tag = n->tag;
     if (n->epoch > b->epoch) b->epoch = n->epoch;
     unlink_block(n);
-    block_delete(s, n);
+    place = n;
   }
   sb_block* p = b->prev;
   if (p && p->kind == K_FREE && tags_merge(b->tag, p->tag)) {
-    free_remove(s, p);
+    free_detach(s, p);
     b->ptr = p->ptr;
     b->size += p->size;
     if (p->tag) b->tag = p->tag;
     if (p->epoch > b->epoch) b->epoch = p->epoch;
     unlink_block(p);
-    block_delete(s, p);
+    if (place) {
+      free_erase(place);
+      block_delete(s, place);
+    }
+    place = p;
   }
-  free_insert(s, b);
+  free_insert_at(s, b, place);
+  if (place) block_delete(s, place);
 }
 
 /* Merge every cached block into its arena. */
@@ -451,7 +487,8 @@ static sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size) {
  * where that piece cannot exist). Returns the carved block (not in any set, kind to be set by the caller). */
 static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_block* pre,
                        sb_block* post) {
-  free_remove(s, b);
+  free_detach(s, b); /* a piece left free takes b's place in the address set */
+  sb_block* place = b;
   uint64_t end = b->ptr + b->size;
   if (at > b->ptr && pre) { /* callers pass `pre` whenever at > b->ptr */
     *pre = *b;
@@ -465,7 +502,8 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
     b->prev = pre;
     b->ptr = at;
     b->size = end - at;
-    free_insert(s, pre);
+    free_insert_at(s, pre, place);
+    place = NULL;
   } else if (pre) {
     block_delete(s, pre);
   }
@@ -477,10 +515,12 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
     post->size = end - (at + size);
     link_after(post, b);
     b->size = size;
-    free_insert(s, post);
+    free_insert_at(s, post, place);
+    place = NULL;
   } else if (post) {
     block_delete(s, post);
   }
+  if (place) free_erase(b);
   b->tag = 0;
   b->epoch = 0;
   return b;

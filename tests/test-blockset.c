@@ -80,6 +80,48 @@ TEST(duplicate_insert_refused) {
   CHECK(_stash_bs_valid(&s));
 }
 
+/* A node put in another's place, keyed anywhere between that one's neighbours, takes over
+ * its place: the tree stays valid (parent links, colours, order), it is found where the old
+ * one was, and the old one is out of the tree - then erased and inserted like any other. */
+TEST(replace_takes_the_place_of_a_node) {
+  static item_t items[2][N];
+  static bool in[N];
+  static int which[N]; /* the items[][i] in the set */
+  blockset_t s;
+  _stash_bs_init(&s, cmp);
+  for (int i = 0; i < N; i++) items[0][i].key = (uint64_t)i * 4 + 2; /* gaps of 3 keys */
+  for (int i = 0; i < N; i++) {
+    if (rnd() % 3) {
+      CHECK(_stash_bs_insert(&s, &items[0][i].node));
+      in[i] = true;
+    }
+  }
+  for (int round = 0; round < 40000; round++) {
+    int i = (int)(rnd() % N);
+    if (!in[i]) continue;
+    item_t* old = &items[which[i]][i];
+    item_t* nw = &items[!which[i]][i];
+    nw->key = (uint64_t)i * 4 + 1 + rnd() % 3; /* anywhere in its gap */
+    _stash_bs_replace(&s, &old->node, &nw->node);
+    which[i] = !which[i];
+    CHECK(old->node.parent == NULL && old->node.left == NULL && old->node.right == NULL);
+    CHECK(_stash_bs_lower_bound(&s, &nw->node) == &nw->node);
+    if (round % 4000 == 0) CHECK(_stash_bs_valid(&s));
+    if (round % 7 == 0) { /* and it leaves and comes back like any node */
+      _stash_bs_erase(&s, &nw->node);
+      CHECK(_stash_bs_insert(&s, &nw->node));
+    }
+  }
+  CHECK(_stash_bs_valid(&s));
+  size_t count = 0;
+  for (bs_node_t* n = _stash_bs_first(&s); n; n = _stash_bs_next(n)) {
+    int i = (int)((((item_t*)n)->key - 1) / 4);
+    CHECK(in[i] && n == &items[which[i]][i].node);
+    count++;
+  }
+  CHECK_EQ(count, s.count);
+}
+
 TEST(ptrmap_put_get_take) {
   ptrmap_t m;
   _stash_ptrmap_init(&m);
@@ -111,6 +153,7 @@ TEST(slab_reuses_objects) {
 int main(void) {
   RUN(random_ops_match_reference);
   RUN(duplicate_insert_refused);
+  RUN(replace_takes_the_place_of_a_node);
   RUN(ptrmap_put_get_take);
   RUN(slab_reuses_objects);
   TEST_MAIN_END();
