@@ -2,7 +2,8 @@
  *
  * Nodes live inside the objects they order (the policies' blocks), so inserting and
  * erasing allocate nothing. The comparator gives the order; ties are not allowed (the
- * policies break them by address). Lookups, inserts and erases are O(log n); next/prev
+ * policies break them by address). Lookups, inserts and erases are O(log n); putting a
+ * node in the place of another that orders there (_stash_bs_replace) is O(1); next/prev
  * are amortized O(1).
  */
 #include <stddef.h>

@@ -6,17 +6,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-#define MiB ((size_t)1 << 20)
+#include "probe_time.h"
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-static int cmpd(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
+#define MiB ((size_t)1 << 20)
 
 int main(void) {
   CUdevice dev;
@@ -63,12 +55,8 @@ int main(void) {
         for (int i = 0; i < k; i++) cuMemRelease(h[i]);
       }
       cuMemAddressFree(va, m * k);
-      qsort(t1, 15, sizeof(double), cmpd);
-      qsort(tk, 15, sizeof(double), cmpd);
-      qsort(tu, 15, sizeof(double), cmpd);
-      qsort(tm, 15, sizeof(double), cmpd);
-      qsort(tc, 15, sizeof(double), cmpd);
-      printf("%8zu %4d %12.1f %14.1f %12.1f %12.2f %12.2f\n", ms[a], k, t1[7], tk[7], tu[7], tm[7], tc[7]);
+      printf("%8zu %4d %12.1f %14.1f %12.1f %12.2f %12.2f\n", ms[a], k, median(t1, 15),
+             median(tk, 15), median(tu, 15), median(tm, 15), median(tc, 15));
     }
   }
   return 0;

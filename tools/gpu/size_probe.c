@@ -10,24 +10,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "probe_time.h"
+
 #define MiB ((size_t)1 << 20)
 #define REPS 15
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmpd(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double* v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmpd);
-  return v[n / 2];
-}
 
 #define CHECK(call)                                                    \
   do {                                                                 \
