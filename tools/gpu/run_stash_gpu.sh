@@ -4,7 +4,8 @@
 # empty_cache measured by the driver), then replays the four traces under policy:stash
 # (and policy:pytorch, for comparison) on the GPU with --driver-check and on the simulated
 # device, and times the fast path there. Results go to $OUT/stash/ (and $OUT/stash.tar).
-# TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces;
+# TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces (TRACES=all:
+# every recorded trace, the 357 that compare_policies.py scores);
 # CONFS="policy:stash" replays only those configurations (default: policy:stash and
 # policy:pytorch); BENCH=0 skips the timing.
 set -uo pipefail
@@ -16,6 +17,8 @@ build-gpu/tests/test-cuda > "$R/test-cuda.log" 2>&1
 echo "test-cuda: exit $?"
 cat "$R/test-cuda.log" | head -40
 : > "$R/replays.jsonl"
+[ "${TRACES:-}" = all ] &&
+  TRACES="$(ls data/traces/*.csv.gz data/traces/more*/*.pickle.gz data/traces/*/*.csv.gz | sort -u)"
 for t in ${TRACES:-data/traces/resnet50_train.csv.gz data/traces/gpt2_train.csv.gz
                   data/traces/bert_varlen_train.csv.gz data/traces/gpt2_sidestream_train.csv.gz}; do
   for c in ${CONFS:-policy:stash policy:pytorch}; do
