@@ -1429,6 +1429,78 @@ TEST(repeated_steps_make_no_provider_call) {
   fx_close(&f);
 }
 
+/* ---- random operations ------------------------------------------------------------------ */
+
+static uint64_t rnd_state = 88172645463325252ull;
+static uint64_t rnd(void) {
+  rnd_state ^= rnd_state << 13;
+  rnd_state ^= rnd_state >> 7;
+  rnd_state ^= rnd_state << 17;
+  return rnd_state;
+}
+
+/* Allocations and frees of every size class on three streams, with record_stream, events
+ * completing and empty_cache at random, on a device small enough to make the arena stitch:
+ * after every operation the heap's check passes (both free sets of each arena ordered and
+ * holding exactly its free blocks, stream tags, ranges, statistics), and every live block is
+ * usable memory of its size that no other live block shares. It covers the places where a
+ * carve or a merge hands a free block's place in the sets to the piece left free - a carve from
+ * the front, from the middle (turn replay's hint), a merge with either neighbour or both, of
+ * blocks of different streams - which a wrong place would leave out of order. */
+TEST(random_operations_keep_the_heap_consistent) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 6 * GiB)) return;
+  int failures_before = th_failures;
+  enum { kLive = 96 };
+  void* live[kLive] = {0};
+  size_t sizes[kLive] = {0};
+  void* streams[3] = {S1, S2, (void*)0x3};
+  static const size_t menu[] = {512, 4096, 100000, 1 * MiB, 1 * MiB + 512, 3 * MiB, 9 * MiB,
+                                20 * MiB, 50 * MiB, 70 * MiB, 130 * MiB, 300 * MiB};
+  for (int op = 0; op < 6000; op++) {
+    size_t i = (size_t)(rnd() % kLive);
+    uint64_t r = rnd() % 100;
+    if (live[i] && r < 45) {
+      fx_free(&f, live[i]);
+      live[i] = NULL;
+    } else if (!live[i] && r < 90) {
+      size_t size = menu[rnd() % (sizeof menu / sizeof menu[0])] + (size_t)(rnd() % 4) * 512;
+      void* st = streams[rnd() % ((op / 2000) % 3 + 1)]; /* one stream, then two, then three */
+      void* ptr = NULL;
+      stash_status_t rc = stash_heap_alloc(f.heap, size, st, &ptr);
+      CHECK(rc == STASH_OK || rc == STASH_ERR_OOM);
+      if (rc == STASH_OK) {
+        live[i] = ptr;
+        sizes[i] = size;
+      }
+    } else if (live[i] && r < 93) {
+      CHECK_OK(stash_heap_record_stream(f.heap, live[i], streams[rnd() % 3]));
+    } else if (r < 98) {
+      stash_sim_complete(f.sim, streams[rnd() % 3]);
+    } else {
+      CHECK_OK(stash_heap_empty_cache(f.heap));
+    }
+    CHECK_OK(stash_heap_check(f.heap));
+    if (th_failures > failures_before) break; /* the first broken invariant is the one to read */
+    if (op % 500 == 0) {
+      for (size_t k = 0; k < kLive; k++) {
+        if (!live[k]) continue;
+        CHECK(stash_sim_is_usable(f.sim, 0, (uint64_t)(uintptr_t)live[k], sizes[k]));
+        CHECK((uintptr_t)live[k] % 512 == 0);
+        for (size_t m = k + 1; m < kLive; m++)
+          if (live[m])
+            CHECK((uintptr_t)live[k] + sizes[k] <= (uintptr_t)live[m] ||
+                  (uintptr_t)live[m] + sizes[m] <= (uintptr_t)live[k]);
+      }
+    }
+  }
+  for (size_t k = 0; k < kLive; k++)
+    if (live[k]) fx_free(&f, live[k]);
+  for (int k = 0; k < 3; k++) stash_sim_complete(f.sim, streams[k]);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  fx_close(&f);
+}
+
 int main(void) {
   RUN(small_and_large_arenas);
   RUN(small_arena_grows_by_2_MiB_doubling_when_growth_is_frequent);
@@ -1473,5 +1545,6 @@ int main(void) {
   RUN(a_request_under_48_MiB_is_never_stitched);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
+  RUN(random_operations_keep_the_heap_consistent);
   TEST_MAIN_END();
 }
