@@ -1611,6 +1611,11 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   st = close_epochs(h, slot);
   if (st != STASH_OK) return st;
   size_t size = orig < kMinBlock ? kMinBlock : round_up(orig, kMinBlock);
+  /* More than the device (or the heap's memory fraction) holds: nothing released from the
+   * cache can make room for it, so the cache stays, and no range is planned for it (its page
+   * list alone would be host memory for nothing: 400 GB for a request of 200 PB). */
+  if (size > h->device_total || (h->has_limit && size > h->allowed_max))
+    return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   sb_block* b = NULL;
   s->nallocs++;
   if (size <= kSmallLimit && s->ncached) { /* the fast path: a cached block of this size */

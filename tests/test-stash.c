@@ -398,6 +398,44 @@ TEST(out_of_memory_releases_then_fails_cleanly) {
   fx_close(&f);
 }
 
+/* A request larger than the whole device (or than the memory fraction allows) can never be
+ * served: it fails as out of memory at once, the cache stays (nothing released, no retry, no
+ * provider call), and no stitched range is planned for it - a fuzzed trace asked for 200 PB,
+ * and planning its range took a 400 GB page list (host out of memory, or the process killed). */
+TEST(a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 1 * GiB)) return;
+  fx_free(&f, fx_alloc(&f, 300 * MiB, S1)); /* 300 MiB cached, all free */
+  int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+  CHECK(reserved >= 300 * (int64_t)MiB);
+  stash_sim_reset_calls(f.sim);
+  size_t sizes[] = {1 * GiB + 512, 64 * GiB, (size_t)200 << 50 /* 200 PiB */};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    void* c = (void*)0x1;
+    CHECK_EQ(stash_heap_alloc(f.heap, sizes[i], S1, &c), STASH_ERR_OOM);
+    CHECK(c == NULL);
+    CHECK_STR_CONTAINS(stash_last_error(), "out of memory: tried to allocate");
+  }
+  stash_stats_t st = fx_stats(&f);
+  CHECK_EQ(st.num_ooms, 3);
+  CHECK_EQ(st.num_alloc_retries, 0);
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved); /* the cache stays */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_unmap) + stash_sim_calls(f.sim, STASH_CALL_phys_release) +
+               stash_sim_calls(f.sim, STASH_CALL_phys_create),
+           0);
+  fx_free(&f, fx_alloc(&f, 1 * GiB, S1)); /* the whole device still can be */
+  fx_close(&f);
+  /* the memory fraction's limit likewise */
+  if (!fx_open(&f, "policy:stash,per_process_memory_fraction:0.5", 1 * GiB)) return;
+  fx_free(&f, fx_alloc(&f, 100 * MiB, S1));
+  reserved = STAT(&f, reserved_bytes, ALL, current);
+  void* c = NULL;
+  CHECK_EQ(stash_heap_alloc(f.heap, 600 * MiB, S1, &c), STASH_ERR_OOM);
+  CHECK_STR_CONTAINS(stash_last_error(), "memory fraction");
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  fx_close(&f);
+}
+
 TEST(memory_fraction_limits_reserved) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash,per_process_memory_fraction:0.25", 1024 * MiB)) return;
@@ -1515,6 +1553,7 @@ int main(void) {
   RUN(record_stream_holds_the_block);
   RUN(empty_cache_gives_back_the_free_ends);
   RUN(out_of_memory_releases_then_fails_cleanly);
+  RUN(a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache);
   RUN(memory_fraction_limits_reserved);
   RUN(stitching_takes_whole_free_allocations_of_holes);
   RUN(stitch_memory_is_mapped_in_the_arena_on_first_use);
