@@ -42,14 +42,20 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!err[0]) abort(); /* a rejection must say why */
     return 0;
   }
-  if (t.nevents && t.nevents < 2000) { /* and replay it, on a small device */
-    stash_conf_t conf;
-    stash_conf_init(&conf);
-    replay_opts_t opts = {.capacity = 1ull << 30, .check_every = 1};
-    replay_result_t r;
-    stash_status_t st = replay_run(&t, &conf, &opts, &r);
-    if (st != STASH_OK) abort(); /* any trace must replay, its OOMs counted */
-    replay_result_free(&r);
+  if (t.nevents && t.nevents < 2000) { /* and replay it, on a small device, under policy:stash
+                                          * and PyTorch's expandable segments (the other policy
+                                          * that maps pages) */
+    static const char* confs[] = {"policy:stash", "policy:pytorch,expandable_segments:True"};
+    for (size_t c = 0; c < sizeof confs / sizeof confs[0]; c++) {
+      stash_conf_t conf;
+      stash_conf_init(&conf);
+      if (stash_conf_parse(&conf, confs[c]) != STASH_OK) abort();
+      replay_opts_t opts = {.capacity = 1ull << 30, .check_every = 1};
+      replay_result_t r;
+      stash_status_t st = replay_run(&t, &conf, &opts, &r);
+      if (st != STASH_OK) abort(); /* any trace must replay, its OOMs counted */
+      replay_result_free(&r);
+    }
   }
   trace_free(&t);
   return 0;
