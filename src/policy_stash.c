@@ -103,7 +103,9 @@
  *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
- * allocations that lie wholly in the free end of each arena. Memory the driver refuses to
+ * allocations that lie wholly in the free end of each arena. A request larger than the
+ * device, or than the memory fraction allows, is refused at once, the cache kept: nothing
+ * released could make room for it. Memory the driver refuses to
  * take back is retried later ("zombies"); memory it refuses access to is held apart
  * ("dead") and retried.
  *
