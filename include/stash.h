@@ -139,8 +139,10 @@ STASH_API stash_status_t stash_heap_destroy(stash_heap_t* heap);
 
 /* Allocate `size` bytes usable on `stream`. The result is 512-byte aligned. Size 0 gives
  * *out = NULL and STASH_OK, as in PyTorch. When no cached block fits and the provider is
- * out of memory, the heap frees cached memory (PyTorch's fallbacks) and retries; if that
- * fails the status is STASH_ERR_OOM and stash_last_error() reports the request, the
+ * out of memory, the heap frees cached memory (PyTorch's fallbacks) and retries - except,
+ * under policy:stash, for a request larger than the device (or than the memory fraction
+ * allows), refused at once with the cache kept; if that fails the status is
+ * STASH_ERR_OOM and stash_last_error() reports the request, the
  * device's total and free memory, what the heap has allocated and reserved, and its
  * largest free block. Other statuses: STASH_ERR_INVALID (NULL heap/out),
  * STASH_ERR_DRIVER and STASH_ERR_HOST_OOM. Thread-safe. */
