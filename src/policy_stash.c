@@ -420,7 +420,7 @@ static bool tags_merge(uint32_t a, uint32_t b) { return a == b || a == 0 || b ==
 static bool tag_ok(const sb_block* b, uint32_t slot) { return b->tag == 0 || b->tag == slot; }
 
 /* b is free and not in the sets: merge it with free neighbours, then insert it - in the
- * address set, in the place of a neighbour it merged with. */
+ * place of a neighbour it merged with, if any (free_insert_at). */
 static void free_coalesce(sb_state* s, sb_block* b) {
   sb_block* place = NULL; /* a merged neighbour, deleted once b has its place */
   sb_block* n = b->next;
@@ -489,7 +489,7 @@ static sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size) {
  * where that piece cannot exist). Returns the carved block (not in any set, kind to be set by the caller). */
 static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_block* pre,
                        sb_block* post) {
-  free_detach(s, b); /* a piece left free takes b's place in the address set */
+  free_detach(s, b); /* a piece left free takes b's place in the sets (free_insert_at) */
   sb_block* place = b;
   uint64_t end = b->ptr + b->size;
   if (at > b->ptr && pre) { /* callers pass `pre` whenever at > b->ptr */
