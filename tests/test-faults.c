@@ -181,7 +181,8 @@ static void script_stash(run_t* r) {
   op_alloc(r, 11, 900 * MiB, S1); /* fits only once S2's pages are released to all */
   op_free(r, 11);
   op_alloc(r, 12, 8 * MiB, S1);
-  op_alloc(r, 13, 2048 * MiB, S1); /* out of memory, after releasing the cache */
+  op_alloc(r, 13, 1020 * MiB, S1); /* out of memory, after releasing the cache (not more than
+                                       the device: that is refused at once, cache kept) */
 }
 
 /* policy:stash's two rules of the seventh session, each reached by a clean run: a request of
