@@ -15,12 +15,7 @@ static int cmp(const bs_node_t* a, const bs_node_t* b) {
 }
 
 static uint64_t rng_state = 12345;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
+static uint64_t rnd(void) { return th_random(&rng_state); }
 
 #define N 4000
 

@@ -93,10 +93,7 @@ static void patterns(const char* conf, bool big) {
   uint32_t next_pattern = 1;
   int checked = 0;
   for (int op = 0; op < 4000; op++) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    live_t* l = &live[rng % NLIVE];
+    live_t* l = &live[th_random(&rng) % NLIVE];
     if (l->p) {
       if (!verify(l)) CHECK(!"pattern intact until free");
       checked++;

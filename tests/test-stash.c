@@ -1470,12 +1470,7 @@ TEST(repeated_steps_make_no_provider_call) {
 /* ---- random operations ------------------------------------------------------------------ */
 
 static uint64_t rnd_state = 88172645463325252ull;
-static uint64_t rnd(void) {
-  rnd_state ^= rnd_state << 13;
-  rnd_state ^= rnd_state >> 7;
-  rnd_state ^= rnd_state << 17;
-  return rnd_state;
-}
+static uint64_t rnd(void) { return th_random(&rnd_state); }
 
 /* Allocations and frees of every size class on three streams, with record_stream, events
  * completing and empty_cache at random, on a device small enough to make the arena stitch:

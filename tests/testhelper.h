@@ -10,6 +10,15 @@
 #include <string.h>
 
 static int th_failures;
+
+/* xorshift64: the tests' reproducible random numbers; *state must start non-zero. */
+static inline uint64_t th_random(uint64_t* state) {
+  uint64_t x = *state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *state = x;
+}
 static const char* th_current = "";
 
 #define CHECK(cond)                                                                   \
