@@ -149,8 +149,9 @@ STASH_HIDDEN uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t o
 /* Record the free of allocation `id` (STASH_LOOP_NONE if it has none) of size bytes. */
 STASH_HIDDEN void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size);
 /* Whether the allocation of size bytes about to happen is the counterpart of one a turn
- * earlier (two turns, when that one still lives), within a loop whose period holds, and the
- * offset that one got. */
+ * earlier (when that one still lives: the allocation of its size it lived beside, two turns
+ * earlier where the turns align), within a loop whose period holds, and the offset that one
+ * got. */
 STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset);
 /* Where the allocations that the one about to happen will live beside are likely to go:
  * when it has a counterpart (as for _stash_loop_hint, whatever the offset that one got), the

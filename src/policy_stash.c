@@ -94,8 +94,9 @@
  * differently each time) until some step needs more memory. loop.c watches the large
  * blocks' allocations and frees; once a turn repeats the last (kWindow events of it have,
  * with the same bytes live as a turn earlier), a large request first
- * tries the address its counterpart got one turn earlier (two turns, for a block that
- * outlives its turn), if that memory is free now. If it is not, the block goes to the best
+ * tries the address its counterpart got one turn earlier (for a block whose counterpart
+ * still lives, the address of the block of its size that one lived beside: two turns
+ * earlier, where the turns align), if that memory is free now. If it is not, the block goes to the best
  * fitting free block that stays clear of where the allocations its counterpart lived beside
  * went (loop.c's forecast), so as not to take what the rest of the turn will want; only
  * then plain best fit - so the layout, once it repeats, keeps repeating. Not with more than

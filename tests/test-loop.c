@@ -176,6 +176,41 @@ TEST(a_block_that_outlives_its_turn_is_hinted_two_turns_back) {
   _stash_loop_free(&L);
 }
 
+TEST(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was) {
+  /* as above, but the first turn makes two more allocations after its A (state made once,
+   * kept): the first turn is longer than the others, so two turns before the second turn's
+   * A lies one of those, not the first A. The A one turn back still lives; the hint is the
+   * memory of the A that one lived beside - the first A, freed since - never the live one's. */
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  uint64_t prev_a = STASH_LOOP_NONE, prev_at = 0;
+  int hinted = 0, right = 0, first_hint = -1;
+  for (int t = 0; t < 8; t++) {
+    uint64_t off = 0, at = prev_at == 0 ? 100 * MiB : 0; /* the other place than the live A */
+    if (_stash_loop_hint(&L, 50 * MiB, &off)) {
+      hinted++;
+      right += off == at;
+      if (first_hint < 0) first_hint = t;
+    }
+    uint64_t a = _stash_loop_alloc(&L, 50 * MiB, at);
+    if (t == 0)
+      for (int k = 0; k < 2; k++) _stash_loop_alloc(&L, 12 * MiB, (uint64_t)(300 + 12 * k) * MiB);
+    uint64_t b = _stash_loop_alloc(&L, 8 * MiB, 200 * MiB);
+    _stash_loop_freed(&L, b, 8 * MiB);
+    if (prev_a != STASH_LOOP_NONE) _stash_loop_freed(&L, prev_a, 50 * MiB);
+    for (int k = 0; k < 4; k++) { /* temporaries: the turn's period is proposed on them */
+      uint64_t c = _stash_loop_alloc(&L, (size_t)(6 + k) * MiB, 220 * MiB);
+      _stash_loop_freed(&L, c, (size_t)(6 + k) * MiB);
+    }
+    prev_a = a;
+    prev_at = at;
+  }
+  CHECK_EQ(first_hint, 2); /* the second turn's A: the period holds from the first turn's end */
+  CHECK_EQ(hinted, 6);
+  CHECK_EQ(right, hinted);
+  _stash_loop_free(&L);
+}
+
 TEST(history_is_trimmed_and_hints_stay_right) {
   stash_loop_t L;
   _stash_loop_init(&L);
@@ -198,6 +233,7 @@ int main(void) {
   RUN(allocations_outside_the_arena_get_no_hint);
   RUN(the_forecast_names_what_the_counterpart_lived_beside);
   RUN(a_block_that_outlives_its_turn_is_hinted_two_turns_back);
+  RUN(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was);
   RUN(history_is_trimmed_and_hints_stay_right);
   TEST_MAIN_END();
 }
