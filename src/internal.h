@@ -128,6 +128,7 @@ typedef struct stash_loop_ev_s { /* one allocation or free */
   uint64_t offset; /* where an allocation went in the arena, or STASH_LOOP_NONE */
   int64_t live;    /* bytes allocated less bytes freed, after this event */
   uint64_t freed;  /* an allocation: the event that freed it (0 while it lives) */
+  uint64_t same;   /* an allocation: the one of its size before it, + 1 (0: none known) */
 } stash_loop_ev_t;
 
 typedef struct stash_loop_s {
@@ -135,6 +136,7 @@ typedef struct stash_loop_s {
   size_t n, cap;
   uint64_t base;
   uint64_t* table;     /* hash of the last codes -> the event ending them, + 1 */
+  uint64_t* last_of;   /* hash of an allocation's code -> the latest allocation with it, + 1 */
   uint64_t hash;       /* the rolling hash of the last codes ... */
   uint64_t base_pow;   /* ... and its multiplier to the power of their number */
   uint64_t period;     /* the proposed length of a turn in events, 0 for none */

@@ -39,7 +39,7 @@
 #define kHashBase 0x100000001b3ull           /* the rolling hash's multiplier (odd) */
 #define kHistoryMax ((size_t)1 << 16)
 #define kMinPeriod 4
-#define kPredecessorScan 4096 /* events searched back for a live counterpart's predecessor */
+#define kPredecessorHops 4096 /* a live counterpart's predecessor: earlier ones of its size tried */
 
 static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
   x += 0x9e3779b97f4a7c15ull;
@@ -59,6 +59,7 @@ void _stash_loop_init(stash_loop_t* L) {
 void _stash_loop_free(stash_loop_t* L) {
   free(L->ev);
   free(L->table);
+  free(L->last_of);
   _stash_loop_init(L);
 }
 
@@ -82,9 +83,10 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset)
     if (!v) return false;
     L->ev = v;
     if (!L->table && !(L->table = calloc(kTableSize, sizeof *L->table))) return false;
+    if (!L->last_of && !(L->last_of = calloc(kTableSize, sizeof *L->last_of))) return false;
   }
   int64_t live = (L->n ? L->ev[L->n - 1].live : 0) + delta;
-  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live, 0};
+  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live, 0, 0};
   return true;
 }
 
@@ -118,6 +120,11 @@ uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
     return STASH_LOOP_NONE;
   }
   uint64_t e = L->base + L->n - 1;
+  /* link it to the last allocation of its size (a slot another size took breaks the chain) */
+  uint64_t* last = &L->last_of[(alloc_code(size) * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits)];
+  if (*last && *last - 1 >= L->base && at(L, *last - 1)->code == at(L, e)->code)
+    at(L, e)->same = *last;
+  *last = e + 1;
   detect(L, e);
   return e;
 }
@@ -148,11 +155,13 @@ static bool in_turn(const stash_loop_t* L) {
  * period holds and at the point of the turn where live bytes equal those a turn before: the
  * allocation one turn earlier - or, when that one still lives (a block that outlives its turn,
  * such as a prefetched batch, cannot have its counterpart's memory), the one it lived beside:
- * the latest allocation of its size made before it and freed after it was made, within
- * kPredecessorScan events. In a loop whose turns all align that is the allocation two turns
- * earlier, and the layout repeats every two turns; but the first turn often makes more
- * allocations than the others (an optimizer's state, made once), and then the one two turns
- * back is not it (data/traces/more/gpt2_b4: 272.6 MB less reserved). NULL otherwise. */
+ * the latest allocation of its size made before it and freed after it was made, among the
+ * kPredecessorHops allocations of its size before it and within two turns of it (each
+ * allocation is linked to the one of its size before it: no scan of the events). In a loop whose turns all align that is the
+ * allocation two turns earlier, and the layout repeats every two turns; but the first turn
+ * often makes more allocations than the others (an optimizer's state, made once), and then
+ * the one two turns back is not it (data/traces/more/gpt2_b4: 272.6 MB less reserved). NULL
+ * otherwise. */
 static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
   if (!in_turn(L)) return NULL;
@@ -160,10 +169,12 @@ static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   const stash_loop_ev_t* x = at(L, xe);
   if (x->code != alloc_code(size)) return NULL;
   if (!x->freed) { /* it lives on: its memory is taken */
-    uint64_t scan = 2 * p < kPredecessorScan ? 2 * p : kPredecessorScan;
-    for (uint64_t j = xe; j-- > L->base && xe - j <= scan;) {
-      const stash_loop_ev_t* y = at(L, j);
-      if (y->code == x->code && y->freed > xe) return y;
+    uint64_t j = x->same;
+    for (int hops = 0; j && j - 1 >= L->base && xe - (j - 1) <= 2 * p && hops < kPredecessorHops;
+         hops++) {
+      const stash_loop_ev_t* y = at(L, j - 1);
+      if (y->freed > xe) return y;
+      j = y->same;
     }
   }
   return x;
