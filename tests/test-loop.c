@@ -176,21 +176,21 @@ TEST(a_block_that_outlives_its_turn_is_hinted_two_turns_back) {
   _stash_loop_free(&L);
 }
 
-TEST(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was) {
-  /* as above, but the first turn makes two more allocations after its A (state made once,
-   * kept): the first turn is longer than the others, so two turns before the second turn's
-   * A lies one of those, not the first A. The A one turn back still lives; the hint is the
-   * memory of the A that one lived beside - the first A, freed since - never the live one's. */
+/* Turns of a block A that lives until after the next turn's A (placed at 0 and 100 MiB in
+ * turn), the first turn with two more allocations after its A (state made once, kept): the
+ * number of A's hinted, and of those hinted the other place than the live A's. */
+static void outliving_turns(int turns, int* first_hint, int* hinted, int* right) {
   stash_loop_t L;
   _stash_loop_init(&L);
   uint64_t prev_a = STASH_LOOP_NONE, prev_at = 0;
-  int hinted = 0, right = 0, first_hint = -1;
-  for (int t = 0; t < 8; t++) {
+  *first_hint = -1;
+  *hinted = *right = 0;
+  for (int t = 0; t < turns; t++) {
     uint64_t off = 0, at = prev_at == 0 ? 100 * MiB : 0; /* the other place than the live A */
     if (_stash_loop_hint(&L, 50 * MiB, &off)) {
-      hinted++;
-      right += off == at;
-      if (first_hint < 0) first_hint = t;
+      (*hinted)++;
+      *right += off == at;
+      if (*first_hint < 0) *first_hint = t;
     }
     uint64_t a = _stash_loop_alloc(&L, 50 * MiB, at);
     if (t == 0)
@@ -205,10 +205,30 @@ TEST(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was) {
     prev_a = a;
     prev_at = at;
   }
+  _stash_loop_free(&L);
+}
+
+TEST(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was) {
+  /* The first turn is longer than the others, so two turns before the second turn's A lies
+   * one of its extra allocations, not the first A. The A one turn back still lives; the hint
+   * is the memory of the A that one lived beside - the first A, freed since - never the live
+   * one's. */
+  int first_hint = 0, hinted = 0, right = 0;
+  outliving_turns(8, &first_hint, &hinted, &right);
   CHECK_EQ(first_hint, 2); /* the second turn's A: the period holds from the first turn's end */
   CHECK_EQ(hinted, 6);
   CHECK_EQ(right, hinted);
-  _stash_loop_free(&L);
+}
+
+TEST(a_live_counterparts_predecessor_is_found_after_the_history_is_cut) {
+  /* 12000 turns of 12 events: the detector keeps the newer half of its history twice, and
+   * each allocation's link to the previous one of its size, an event number, still leads to
+   * the right one (or to none, below the history) */
+  int first_hint = 0, hinted = 0, right = 0;
+  outliving_turns(12000, &first_hint, &hinted, &right);
+  CHECK_EQ(first_hint, 2);
+  CHECK_EQ(hinted, 12000 - 2);
+  CHECK_EQ(right, hinted);
 }
 
 TEST(history_is_trimmed_and_hints_stay_right) {
@@ -234,6 +254,7 @@ int main(void) {
   RUN(the_forecast_names_what_the_counterpart_lived_beside);
   RUN(a_block_that_outlives_its_turn_is_hinted_two_turns_back);
   RUN(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was);
+  RUN(a_live_counterparts_predecessor_is_found_after_the_history_is_cut);
   RUN(history_is_trimmed_and_hints_stay_right);
   TEST_MAIN_END();
 }
