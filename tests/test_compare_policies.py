@@ -53,6 +53,15 @@ def main():
         check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.71)
         check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False}])
         check("passing under either", len(out["passing_under_any"]), 4)
+        t = b["per_trace"]["resnet50_train.csv.gz"]  # the trace the old constants fail
+        check("per trace: peaks", {k: v["peak"] for k, v in b["per_trace"].items()}, OLD)
+        check("per trace: resnet50_train's targets, old constants",
+              (t["all_three"], t["memory"], t["driver"], t["steady"]), (False, False, True, True))
+        check("per trace: over the anchor", t["over_anchor"] > 0, True)
+        check("per trace: utilization", 0.9 < t["utilization"] < 0.99, True)
+        check("per trace: driver times", 0 < t["driver_us"] < t["pytorch_driver_us"], True)
+        check("per trace: second-half calls, gpt2_train today",
+              a["per_trace"]["gpt2_train.csv.gz"]["second_half_calls"], 0)
     for bad, message in ((["defaults", "kSmallGrowBytes"], "bad setting"),
                          (["defaults", "kSmallGrowBytes=lots"], "invalid literal"),
                          (["defaults", "kStitchHoleShare=0"], "positive integers"),

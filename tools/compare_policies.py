@@ -4,6 +4,10 @@ three targets under each, and how far each trace's peak reserved and modelled dr
 
   tools/compare_policies.py [--sets S,S...] [--knob-build DIR] [--json] A B [C ...]
 
+--json: the report as one JSON object, with each setting's figures per trace ("per_trace":
+peak reserved, utilization, bytes over the lowest anchor, modelled driver µs and PyTorch
+default's, second-half provider calls, and which targets hold).
+
 A, B, ...: a setting each - "defaults" (the constants compiled in), "NAME=VALUE[,NAME=VALUE]"
 (policy:stash's constants, src/policy_stash.c's KNOB_ ones, e.g. kSmallGrowBytes=8388608:
 replayed by an experiment build, cmake -DSTASH_POLICY_KNOBS=ON, that the tool makes or brings
@@ -128,7 +132,12 @@ def measure(exe, env, paths, anchor, jobs):
         memory, driver, steady = targets_met(os.path.basename(path), r, a["min"], a["driver_us"])
         return path, {"set": set_, "peak": r["peak_reserved_bytes"],
                       "driver_us": r["modeled_driver_us"], "all_three": memory and driver and steady,
-                      "memory": memory}
+                      "memory": memory, "driver": driver, "steady": steady,
+                      "utilization": r["utilization"],
+                      "over_anchor": r["peak_reserved_bytes"] - a["min"],
+                      "pytorch_driver_us": a["driver_us"],
+                      "second_half_calls": r["device_allocs_second_half"] +
+                      r["device_frees_second_half"]}
     with ThreadPoolExecutor(jobs) as ex:
         return dict(ex.map(one, paths))
 
@@ -173,6 +182,8 @@ def main():
                  "memory": sum(v["memory"] for v in res.values()), "traces": len(res),
                  "per_set": per_set,
                  "peaks": {os.path.relpath(p, DATA): v["peak"] for p, v in res.items()},
+                 "per_trace": {os.path.relpath(p, DATA): {k: x for k, x in v.items() if k != "set"}
+                               for p, v in res.items()},
                  "passing": sorted(os.path.relpath(p, DATA) for p, v in res.items()
                                    if v["all_three"])}
         if res is not results[0]:
