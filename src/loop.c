@@ -90,6 +90,11 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset)
   return true;
 }
 
+/* The slot of a hash in a table of kTableSize entries (Fibonacci hashing). */
+static size_t table_slot(uint64_t h) {
+  return (size_t)((h * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits));
+}
+
 /* After event e: follow the period, or propose one. */
 static void detect(stash_loop_t* L, uint64_t e) {
   uint64_t code = at(L, e)->code;
@@ -99,7 +104,7 @@ static void detect(stash_loop_t* L, uint64_t e) {
   L->hash = L->hash * kHashBase + code;
   if (e - L->base >= kWindow) L->hash -= at(L, e - kWindow)->code * L->base_pow;
   if (e - L->base + 1 < kWindow) return;
-  uint64_t* slot = &L->table[(L->hash * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits)];
+  uint64_t* slot = &L->table[table_slot(L->hash)];
   if (!L->period && *slot && *slot - 1 >= L->base && e - (*slot - 1) >= kMinPeriod &&
       *slot - 1 < e) {
     /* propose p when the last kWindow codes do equal those p events before them (the hash
@@ -115,15 +120,15 @@ static void detect(stash_loop_t* L, uint64_t e) {
 
 uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
   if (L->disabled) return STASH_LOOP_NONE;
-  if (!push(L, alloc_code(size), (int64_t)size, offset)) {
+  uint64_t code = alloc_code(size);
+  if (!push(L, code, (int64_t)size, offset)) {
     disable(L);
     return STASH_LOOP_NONE;
   }
   uint64_t e = L->base + L->n - 1;
   /* link it to the last allocation of its size (a slot another size took breaks the chain) */
-  uint64_t* last = &L->last_of[(alloc_code(size) * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits)];
-  if (*last && *last - 1 >= L->base && at(L, *last - 1)->code == at(L, e)->code)
-    at(L, e)->same = *last;
+  uint64_t* last = &L->last_of[table_slot(code)];
+  if (*last && *last - 1 >= L->base && at(L, *last - 1)->code == code) at(L, e)->same = *last;
   *last = e + 1;
   detect(L, e);
   return e;
@@ -157,11 +162,11 @@ static bool in_turn(const stash_loop_t* L) {
  * such as a prefetched batch, cannot have its counterpart's memory), the one it lived beside:
  * the latest allocation of its size made before it and freed after it was made, among the
  * kPredecessorHops allocations of its size before it and within two turns of it (each
- * allocation is linked to the one of its size before it: no scan of the events). In a loop whose turns all align that is the
- * allocation two turns earlier, and the layout repeats every two turns; but the first turn
- * often makes more allocations than the others (an optimizer's state, made once), and then
- * the one two turns back is not it (data/traces/more/gpt2_b4: 272.6 MB less reserved). NULL
- * otherwise. */
+ * allocation is linked to the one of its size before it: no scan of the events). In a loop
+ * whose turns all align that is the allocation two turns earlier, and the layout repeats
+ * every two turns; but the first turn often makes more allocations than the others (an
+ * optimizer's state, made once), and then the one two turns back is not it
+ * (data/traces/more/gpt2_b4: 272.6 MB less reserved). NULL otherwise. */
 static const stash_loop_ev_t* counterpart(const stash_loop_t* L, size_t size) {
   uint64_t e = L->base + L->n, p = L->period; /* e: the allocation about to happen */
   if (!in_turn(L)) return NULL;
