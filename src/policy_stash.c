@@ -29,11 +29,16 @@
  * beside it, and a small arena whose layout drifts in a training loop makes no growth in
  * the steady state. Each physical allocation costs one cuMemSetAccess piece (~19 us:
  * docs/driver-costs.md), so the large arena grows in allocations of up to 192 MiB (1/10 of a
- * request above 1.875 GiB), and, until live bytes first fall to half their peak (the first
- * forward pass), a growth that comes within 20 allocations of the last one takes twice the
- * last one's size, up to 64 MiB: fewer, larger pieces while memory first climbs, the exact
- * need afterwards (a burst's unused end near the peak is reserved for nothing: at most 64 MiB
- * of it). The small arena bursts
+ * request above 1.875 GiB; one allocation for a request of up to 240 MiB whose size was among
+ * the last 64 large requests - a layer's tensor of 204 MiB in one piece, not 192 and 12), and,
+ * until live bytes first fall to half their peak (the first forward pass), a growth that comes
+ * within 20 allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
+ * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
+ * near the peak is reserved for nothing: at most 64 MiB of it). While nothing has been freed
+ * since nothing was live - a model's parameters being loaded, every byte grown kept - every
+ * growth takes twice the last one's size, however far apart, up to 192 MiB: GPT-2's
+ * parameters in 3 allocations, not 14 (what the last burst leaves free, the first forward pass
+ * takes). The small arena bursts
  * likewise, at any time, up to 8 MiB: 2 MiB steps where growth is rare (a late step's few
  * small requests) - up to 6 MiB less reserved for nothing than one 8 MiB step - and 8 MiB
  * ones where it is frequent (an optimizer's state of many 1 MiB tensors being made), so as
@@ -155,14 +160,20 @@ static long long knob(const char* name, long long value) {
 /* The large arena grows by at least kLargeGrowBytes, in physical allocations of at most
  * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
  * wholly free, for stitching), or of 1/kLargePieces of a request over kLargePieces times
- * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB. A growth
- * kBurstAllocs or fewer allocations after the last doubles the last one's size, up to
- * kBurstMax (until live bytes first fall to half their peak). */
+ * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB - but a
+ * request of at most kOnePiecePct percent of kLargePieceMax whose size was among the last
+ * kRecentSizes large requests (a layer's tensor, seen before) grows in one piece, not as
+ * 192 MiB and a runt. A growth kBurstAllocs or fewer allocations after the last doubles the
+ * last one's size, up to kBurstMax (until live bytes first fall to half their peak); while
+ * nothing has been freed yet (a model being loaded), every growth doubles the last, up to
+ * kLargePieceMax. */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
 #define kLargePieces KNOB_I(kLargePieces, 10)
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
+#define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)125)
+#define kRecentSizes 64
 /* Live-byte phases count from a peak of kPhaseMinPeak: below 1/kQuietShare of the peak, first
  * fit, comparing at most kFirstFitTries fitting free blocks. */
 #define kPhaseMinPeak KNOB_Z(kPhaseMinPeak, (size_t)256 << 20)
@@ -305,6 +316,9 @@ typedef struct sb_state_s {
   int64_t live_peak;   /* the most bytes allocated at once since nothing was (the stats' peak
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
+  bool freed;          /* a block has been freed since nothing was live (else: loading) */
+  size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
+  uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
 } sb_state;
 
 static inline sb_state* S(stash_heap_t* h) { return (sb_state*)h->policy_state; }
@@ -679,10 +693,11 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
   size_t step = exact ? 0 : a->grow_bytes / G;
+  bool loading = !a->small && !s->freed; /* nothing freed yet: every byte grown stays */
   if (!exact && (a->small || !s->dropped) && a->last_grow_pages &&
-      s->nallocs - a->allocs_at_last_grow <= kBurstAllocs) {
+      (loading || s->nallocs - a->allocs_at_last_grow <= kBurstAllocs)) {
     size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
-    size_t cap = (a->small ? kSmallBurstMax : kBurstMax) / G;
+    size_t cap = (a->small ? kSmallBurstMax : loading ? kLargePieceMax : kBurstMax) / G;
     if (burst > cap) burst = cap;
     if (burst > step) step = burst;
   }
@@ -1513,6 +1528,22 @@ static bool mid_sized_may_grow_a_range(sb_state* s, size_t size) {
   return s->dropped && !turn_hint(s, size, &off);
 }
 
+/* The largest physical allocation the large arena grows in for a request of `size`: a
+ * repeated size of at most kOnePiecePct percent of kLargePieceMax in one piece (GPT-2 b17's
+ * 204 MiB activations: one cuMemSetAccess piece, not 192 MiB and 12), else piece_bytes'. Only
+ * a size seen among the last kRecentSizes large requests: a one-off tensor just over the cap
+ * (GPT-2 b1's 196 MiB logits) keeps its 192 MiB piece, which a stitched range can take once
+ * the tensor is freed. */
+static size_t large_piece(stash_heap_t* h, size_t size) {
+  const sb_state* s = S(h);
+  if (size > kLargePieceMax && size * 100 <= kLargePieceMax * kOnePiecePct) {
+    uint64_t n = s->nrecent < kRecentSizes ? s->nrecent : kRecentSizes;
+    for (uint64_t k = 0; k < n; k++)
+      if (s->recent[k] == size) return round_up(size, G);
+  }
+  return piece_bytes(size, kLargePieceMax, kLargePieces, G);
+}
+
 static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
@@ -1571,9 +1602,7 @@ grow:
   if (!b) {
     size_t tail = free_tail(a, slot);
     stash_status_t r = arena_grow(h, a, (size - tail + G - 1) / G, slot, false,
-                                  a->small ? SIZE_MAX
-                                           : piece_bytes(size, kLargePieceMax, kLargePieces, G),
-                                  false);
+                                  a->small ? SIZE_MAX : large_piece(h, size), false);
     if (r != STASH_OK) return r;
     b = best_fit(a, size, slot);
     if (!b) return _stash_error(STASH_ERR_INVALID, "stash policy: grown arena does not fit");
@@ -1639,6 +1668,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   if (live == 0) { /* everything was freed (a model deleted): the phases start afresh */
     s->live_peak = 0;
     s->dropped = false;
+    s->freed = false;
     s->arenas[1].last_grow_pages = 0; /* and no burst continues the old one */
   }
   if (live > s->live_peak) s->live_peak = live;
@@ -1648,8 +1678,9 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     h->stats.num_alloc_retries++;
     st = release_cache(h);
     if (st == STASH_OK) st = try_alloc(h, size, slot, &b);
-    if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   }
+  if (size > kSmallLimit) s->recent[s->nrecent++ % kRecentSizes] = size;
+  if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
   if (st != STASH_OK) return st;
   if (!block_small(b)) /* a large block: tell the loop detector */
     b->loop_id = _stash_loop_alloc(&s->loop, b->size,
@@ -1731,6 +1762,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
     b->nuses = 0;
   }
   _stash_ptrmap_take(&s->allocated, ptr);
+  s->freed = true;
   _stash_history_add(h, STASH_TRACE_FREE_REQUESTED, b->ptr, b->requested, b->stream);
   b->allocated = false;
   bool small = block_small(b);

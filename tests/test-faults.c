@@ -146,6 +146,8 @@ static void script(run_t* r) {
  * empty_cache with a pending free and blocks only a stream synchronize frees, a request that
  * fits only once the cache is released, and one that cannot fit. Capacity 1 GiB. */
 static void script_stash(run_t* r) {
+  op_alloc(r, 15, 1000, S1); /* a free first: the growths below are not a model's loading */
+  op_free(r, 15);
   op_alloc(r, 0, 1000, S1);
   op_alloc(r, 1, 3 * MiB, S1);
   op_alloc(r, 2, 40 * MiB, S1);

@@ -473,6 +473,15 @@ static bool phys_overlap(fixture_t* f, void* a, size_t na, void* b, size_t nb) {
   return false;
 }
 
+/* A small block that stays live (returned: free it at the end) and one freed: the heap has
+ * freed a block since nothing was live, so it is not loading a model (growth bursts follow
+ * the 20-allocation window, not the loading phase's doubling up to the 192 MiB piece cap). */
+static void* not_loading(fixture_t* f) {
+  void* keep = fx_alloc(f, 1000, S1);
+  fx_free(f, fx_alloc(f, 1000, S1));
+  return keep;
+}
+
 /* Enough small requests that the next growth of the large arena is not part of a burst. */
 static void quiet(fixture_t* f, void* s) {
   for (int i = 0; i < 21; i++) fx_free(f, fx_alloc(f, 1000, s));
@@ -777,6 +786,7 @@ TEST(a_huge_request_comes_in_few_pieces) {
 TEST(growth_in_a_burst_takes_larger_steps) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
   /* 25 MiB requests one after another, each needing new memory: the growths double (26, 52
    * MiB) up to 64 MiB a growth, then stay there: 26 + 52 + 15 x 64 = 1038 MiB for 1000 */
   void* v[40];
@@ -803,12 +813,14 @@ TEST(growth_in_a_burst_takes_larger_steps) {
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 6 * (int64_t)MiB); /* the 6 MiB minimum */
   fx_free(&f, w);
   for (int i = 0; i < 30; i++) fx_free(&f, v[i]);
+  fx_free(&f, keep);
   fx_close(&f);
 }
 
 TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
   /* a forward pass: 25 MiB requests one after another grow in a burst (26, 52, 64, 64, ...) */
   void* v[12];
   for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1);
@@ -829,6 +841,77 @@ TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   for (int i = 0; i < 6; i++) CHECK_EQ(grown[i], want[i]);
   for (int i = 0; i < 6; i++) fx_free(&f, w[i]);
   for (int i = 0; i < 12; i++) fx_free(&f, v[i]);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
+/* While nothing has been freed (a model's parameters being loaded: every byte grown stays),
+ * each growth of the large arena doubles the last one up to the 192 MiB piece cap, however
+ * many requests lie between them; the first free ends it. */
+TEST(a_model_being_loaded_grows_in_bursts_up_to_the_piece_cap) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* small[16][21];
+  void* big[16];
+  int64_t grown[16];
+  int ngrown = 0;
+  for (int i = 0; i < 14; i++) { /* 25 MiB parameters, 21 small ones before each: apart */
+    for (int k = 0; k < 21; k++) small[i][k] = fx_alloc(&f, 1000, S1);
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    big[i] = fx_alloc(&f, 25 * MiB, S1);
+    int64_t d = STAT(&f, reserved_bytes, LARGE, current) - before;
+    if (d) grown[ngrown++] = d / (int64_t)MiB;
+  }
+  /* 26 + 52 + 104 + 192 = 374 MiB for 350 (apart, without the rule: 14 growths of 26 or 24) */
+  CHECK_EQ(ngrown, 4);
+  static const int64_t want[4] = {26, 52, 104, 192};
+  for (int i = 0; i < 4 && i < ngrown; i++) CHECK_EQ(grown[i], want[i]);
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 4); /* one physical allocation each */
+  fx_free(&f, small[0][0]); /* the first free: growths apart are the exact need again */
+  int64_t d = 0;
+  for (int i = 14; i < 16 && !d; i++) {
+    for (int k = 0; k < 21; k++) small[i][k] = fx_alloc(&f, 1000, S1);
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    big[i] = fx_alloc(&f, 25 * MiB, S1); /* the 15th fits the 24 MiB left with 1 more */
+    d = STAT(&f, reserved_bytes, LARGE, current) - before;
+    if (d) {
+      CHECK_EQ(i, 14);
+      CHECK_EQ(d, 6 * (int64_t)MiB); /* the 6 MiB minimum, not another 192 */
+      for (int k = 0; k < 21; k++) fx_free(&f, small[i][k]);
+      fx_free(&f, big[i]);
+    }
+  }
+  CHECK(d != 0);
+  for (int i = 0; i < 14; i++) {
+    for (int k = i ? 0 : 1; k < 21; k++) fx_free(&f, small[i][k]);
+    fx_free(&f, big[i]);
+  }
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
+/* A request a little over the 192 MiB piece cap grows the arena in one physical allocation
+ * when its size was among the last 64 large requests (a layer's tensor: one cuMemSetAccess
+ * piece, not 192 MiB and a runt), up to 1.25 times the cap; a size not seen before, or a
+ * larger one, grows in pieces of at most 192 MiB. */
+TEST(a_repeated_size_a_little_over_the_piece_cap_grows_in_one_piece) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  static const size_t mib[8] = {204, 204, 196, 240, 240, 242, 242, 196};
+  static const int64_t pieces[8] = {2, 1, 2, 2, 1, 2, 2, 1};
+  void* p[8];
+  for (int i = 0; i < 8; i++) {
+    quiet(&f, S1); /* growths apart: no burst; the arena has no free memory left */
+    int64_t segs = STAT(&f, segment, LARGE, current);
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    p[i] = fx_alloc(&f, mib[i] * MiB, S1);
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, (int64_t)(mib[i] * MiB));
+    CHECK_EQ(STAT(&f, segment, LARGE, current) - segs, pieces[i]);
+  }
+  for (int i = 0; i < 8; i++) fx_free(&f, p[i]);
+  fx_free(&f, keep);
   CHECK_OK(stash_heap_check(f.heap));
   fx_close(&f);
 }
@@ -839,16 +922,19 @@ TEST(a_heap_emptied_starts_its_phases_afresh) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* v[12];
+  void* keep = not_loading(&f);
   for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* 334 MiB, in a burst */
   for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* below half: no more bursts ... */
   fx_free(&f, v[0]);
-  fx_free(&f, v[1]); /* ... until nothing is live */
+  fx_free(&f, v[1]);
+  fx_free(&f, keep); /* ... until nothing is live */
   void* w[18];
   int64_t grown[18];
   for (int i = 0; i < 18; i++) { /* 13 fit in the 334 MiB; then growths back to back */
     int64_t before = STAT(&f, reserved_bytes, LARGE, current);
-    w[i] = fx_alloc(&f, 25 * MiB, S1);
+    w[i] = fx_alloc(&f, 25 * MiB, S1); /* the first finds nothing live: phases afresh */
     grown[i] = (STAT(&f, reserved_bytes, LARGE, current) - before) / (int64_t)MiB;
+    if (i == 0) keep = not_loading(&f);
   }
   for (int i = 0; i < 13; i++) CHECK_EQ(grown[i], 0);
   CHECK_EQ(grown[13], 16); /* what the 9 MiB left free lack (no burst continues the old one) */
@@ -857,6 +943,7 @@ TEST(a_heap_emptied_starts_its_phases_afresh) {
   CHECK_EQ(grown[16], 0);
   CHECK_EQ(grown[17], 64); /* the burst's cap */
   for (int i = 0; i < 18; i++) fx_free(&f, w[i]);
+  fx_free(&f, keep);
   CHECK_OK(stash_heap_check(f.heap));
   fx_close(&f);
 }
@@ -1559,6 +1646,8 @@ int main(void) {
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
+  RUN(a_model_being_loaded_grows_in_bursts_up_to_the_piece_cap);
+  RUN(a_repeated_size_a_little_over_the_piece_cap_grows_in_one_piece);
   RUN(a_heap_emptied_starts_its_phases_afresh);
   RUN(while_little_is_live_a_large_block_takes_the_lowest_fit);
   RUN(a_mid_sized_request_is_stitched_from_a_head_and_a_tail);

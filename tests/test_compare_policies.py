@@ -1,16 +1,14 @@
 #!/usr/bin/env python3
 """tools/compare_policies.py on the four shared traces: policy:stash as it is against its rules
-with the tenth session's growth constants (a growth minimum of 20 MiB, bursts of up to 192 MiB:
-kLargeGrowBytes = 20 MiB, kBurstMax = 192 MiB, replayed by an experiment build the tool makes).
-Today's peaks are the scoreboard's. With the old constants and today's rules (the free end
-taken last, a stitched range ending in a larger free allocation of the free end, small
-requests taking the large arena's free memory before the small arena grows), reserved is
-higher on resnet50_train (by 36 MiB: over expandable segments, so it loses its targets) and
-gpt2_sidestream_train (10 MiB), the same on gpt2_train and lower on bert_varlen_train (94 MiB),
-at 0.71x the modelled driver time: the constants trade memory for driver calls, and were
-chosen with the rules (docs/policy-stash.md, "Eleventh session"). Bad settings and sets end with
-an error; so does a constant the experiment build is given directly that is not a positive
-integer (it aborts, naming it).
+with coarser growth constants (a growth minimum of 20 MiB, bursts of up to 192 MiB, the tenth
+session's, and physical allocations of up to 256 MiB: kLargeGrowBytes = 20 MiB, kBurstMax =
+192 MiB, kLargePieceMax = 256 MiB, replayed by an experiment build the tool makes). Today's
+peaks are the scoreboard's. With the coarser constants, reserved is higher on
+bert_varlen_train (by 98 MiB: 97.56% utilization, so it loses its targets) and resnet50_train
+(8 MiB), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB), at 0.72x the
+modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
+"Eleventh session"). Bad settings and sets end with an error; so does a constant the
+experiment build is given directly that is not a positive integer (it aborts, naming it).
 
   test_compare_policies.py TOOL STASH_REPLAY KNOB_BUILD_DIR
 """
@@ -20,10 +18,10 @@ import subprocess
 import sys
 
 MiB = 1 << 20
-TODAY = {"resnet50_train.csv.gz": 6085935104, "gpt2_train.csv.gz": 13732151296,
-         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13704888320}
-OLD = {"resnet50_train.csv.gz": 6123683840, "gpt2_train.csv.gz": 13732151296,
-       "bert_varlen_train.csv.gz": 12809404416, "gpt2_sidestream_train.csv.gz": 13715374080}
+TODAY = {"resnet50_train.csv.gz": 6083837952, "gpt2_train.csv.gz": 13732151296,
+         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13738442752}
+OLD = {"resnet50_train.csv.gz": 6092226560, "gpt2_train.csv.gz": 13732151296,
+       "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13732151296}
 
 
 def main():
@@ -34,7 +32,7 @@ def main():
         if got != want:
             failures.append("%s: got %r, want %r" % (what, got, want))
 
-    old = "kLargeGrowBytes=%d,kBurstMax=%d" % (20 * MiB, 192 * MiB)
+    old = "kLargeGrowBytes=%d,kBurstMax=%d,kLargePieceMax=%d" % (20 * MiB, 192 * MiB, 256 * MiB)
     p = subprocess.run([sys.executable, tool, "--sets", "shared", "--replay", replay,
                         "--knob-build", knobs, "--json", "defaults", old],
                        capture_output=True, text=True)
@@ -48,17 +46,17 @@ def main():
         check("all three targets, old constants", b["all_three"], 3)
         c = b["against_first"]
         check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (1, 1, 2))
-        check("largest rise", c["peak_delta_max"], 36 * MiB)
-        check("largest fall", c["peak_delta_min"], -94 * MiB)
-        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.71)
-        check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False}])
+        check("largest rise", c["peak_delta_max"], 98 * MiB)
+        check("largest fall", c["peak_delta_min"], -6 * MiB)
+        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.72)
+        check("flips", c["flips"], [{"trace": "bert_varlen_train.csv.gz", "now": False}])
         check("passing under either", len(out["passing_under_any"]), 4)
-        t = b["per_trace"]["resnet50_train.csv.gz"]  # the trace the old constants fail
+        t = b["per_trace"]["bert_varlen_train.csv.gz"]  # the trace the old constants fail
         check("per trace: peaks", {k: v["peak"] for k, v in b["per_trace"].items()}, OLD)
-        check("per trace: resnet50_train's targets, old constants",
+        check("per trace: bert_varlen_train's targets, old constants",
               (t["all_three"], t["memory"], t["driver"], t["steady"]), (False, False, True, True))
-        check("per trace: over the anchor", t["over_anchor"] > 0, True)
-        check("per trace: utilization", 0.9 < t["utilization"] < 0.99, True)
+        check("per trace: under the anchor", t["over_anchor"] < 0, True)
+        check("per trace: utilization", 0.97 < t["utilization"] < 0.98, True)
         check("per trace: driver times", 0 < t["driver_us"] < t["pytorch_driver_us"], True)
         check("per trace: second-half calls, gpt2_train today",
               a["per_trace"]["gpt2_train.csv.gz"]["second_half_calls"], 0)
