@@ -9,6 +9,7 @@
 #define STASH_PLUGINS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "stash.h"
@@ -33,6 +34,26 @@ STASH_API void stash_torch_reset(void);
 STASH_API void stash_torch_set_memory_fraction(double fraction, int device);
 STASH_API void stash_torch_record_stream(void* ptr, void* stream);
 STASH_API void* stash_torch_base_alloc(void* ptr, size_t* size);
+
+/* CUDA graphs' private pools: allocator().set_begin_allocate_to_pool,
+ * set_end_allocate_to_pool_fn and set_release_pool (PyTorch 2.3 and later), called by
+ * torch.cuda.graph (and torch.cuda.MemPool) around a capture and when a graph is destroyed.
+ * PyTorch passes a MempoolId_t (a pair of 64-bit integers, here id0 and id1) and, to begin,
+ * a C++ filter of the streams whose allocations belong to the pool (by reference: `filter`,
+ * unused). Between begin and end, every allocation on the device comes from the pool's own
+ * heap (made like the default heap); a block returns to the heap it came from whenever it
+ * is freed; once every graph using a pool has released it and its last block is freed, the
+ * next empty_cache (stash_torch_reset) gives its memory back and destroys its heap, and
+ * until then empty_cache leaves it alone. A pool
+ * that cannot be made (out of memory, no driver) stops the process with the reason, as
+ * stash_torch_malloc does: a capture into the shared cache would be overwritten. */
+STASH_API void stash_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1,
+                                                  void* filter);
+STASH_API void stash_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
+STASH_API void stash_torch_release_pool(int device, uint64_t id0, uint64_t id1);
+/* The heaps of the pools that exist now, for statistics: their number; the first `max` in
+ * out (NULL to count). A heap listed may be destroyed by a later empty_cache. */
+STASH_API int stash_torch_pool_list(stash_heap_t** out, int max);
 
 /* cupy.cuda.memory.CFunctionAllocator(0, stash_cupy_malloc, stash_cupy_free, owner): on
  * the device's default stream (CuPy does not pass its current stream). */

@@ -113,6 +113,18 @@ stash_status_t stash_default_heap(int device, stash_heap_t** out) {
   return st;
 }
 
+stash_status_t _stash_default_heap_sibling(int device, stash_heap_t** out) {
+  stash_heap_t* d = NULL;
+  stash_status_t st = stash_default_heap(device, &d); /* the provider made, the device checked */
+  if (st != STASH_OK) return st;
+  stash_conf_t conf;
+  stash_heap_conf(d, &conf);
+  pthread_mutex_lock(&g_lock);
+  st = stash_heap_create(&conf, g_provider, device, out);
+  pthread_mutex_unlock(&g_lock);
+  return st;
+}
+
 int stash_default_heap_list(stash_heap_t** out, int max) {
   int n = 0;
   pthread_mutex_lock(&g_lock);

@@ -119,6 +119,13 @@ STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
  * NULL when the host is out of memory (v and *cap untouched). */
 STASH_HIDDEN void* _stash_array_grow(void* v, size_t* cap, size_t need, size_t size, size_t least);
 
+/* ---- default_heap.c, for plugins.c ------------------------------------------------------- */
+
+/* A new heap configured as `device`'s default heap is (its STASH_CONF and provider), but not
+ * one of the default heaps: a CUDA graph's private pool. Destroy it with stash_heap_destroy
+ * before stash_default_shutdown. */
+STASH_HIDDEN stash_status_t _stash_default_heap_sibling(int device, stash_heap_t** out);
+
 /* ---- loop.c: notices a repeating loop of large allocations (turn replay) ---------------- */
 
 #define STASH_LOOP_NONE UINT64_MAX

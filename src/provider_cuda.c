@@ -64,7 +64,8 @@
   X(cuStreamDestroy, 4000)             \
   X(cuStreamQuery, 2000)               \
   X(cuMemsetD32Async, 3020)            \
-  X(cuMemcpyDtoH, 3020)
+  X(cuMemcpyDtoH, 3020)                \
+  X(cuThreadExchangeStreamCaptureMode, 10010)
 
 typedef struct cu_api_s {
 #define STASH_X_(name, ver) PFN_##name##_v##ver name;
@@ -223,6 +224,20 @@ static void leave_ctx(bool pushed) {
     if (r != CUDA_SUCCESS) return cu_fail(r, call_); \
   } while (0)
 
+/* The same with the calling thread's stream-capture mode relaxed for the call: while any
+ * stream is being captured into a CUDA graph in the default (global) mode, the driver refuses
+ * "potentially unsafe" calls - cuMemAlloc among them, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED -
+ * from every thread, and PyTorch's torch.cuda.graph captures in that mode. The memory calls
+ * enqueue nothing on a stream; PyTorch's own allocator relaxes the mode around its cudaMalloc
+ * the same way. */
+#define IN_CTX_RELAXED(device, body)                                   \
+  IN_CTX(device, {                                                     \
+    CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;        \
+    g_cuda.cu.cuThreadExchangeStreamCaptureMode(&mode_);               \
+    body;                                                              \
+    g_cuda.cu.cuThreadExchangeStreamCaptureMode(&mode_);               \
+  })
+
 /* ---- The provider functions ---------------------------------------------------------------- */
 
 static stash_status_t cuda_device_count(void* ctx, int* count) {
@@ -258,7 +273,7 @@ static stash_status_t cuda_granularity(void* ctx, int device, size_t* bytes) {
 static stash_status_t cuda_mem_info(void* ctx, int device, size_t* free_bytes, size_t* total) {
   (void)ctx;
   const char* call_ = "cuMemGetInfo";
-  IN_CTX(device, r = g_cuda.cu.cuMemGetInfo(free_bytes, total));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemGetInfo(free_bytes, total));
   return STASH_OK;
 }
 
@@ -266,7 +281,7 @@ static stash_status_t cuda_mem_alloc(void* ctx, int device, size_t size, uint64_
   (void)ctx;
   CUdeviceptr d = 0;
   const char* call_ = "cuMemAlloc";
-  IN_CTX(device, r = g_cuda.cu.cuMemAlloc(&d, size));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemAlloc(&d, size));
   *ptr = (uint64_t)d;
   return STASH_OK;
 }
@@ -275,7 +290,7 @@ static stash_status_t cuda_mem_free(void* ctx, int device, uint64_t ptr, size_t 
   (void)ctx;
   (void)size;
   const char* call_ = "cuMemFree";
-  IN_CTX(device, r = g_cuda.cu.cuMemFree((CUdeviceptr)ptr));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemFree((CUdeviceptr)ptr));
   return STASH_OK;
 }
 
@@ -283,7 +298,7 @@ static stash_status_t cuda_va_reserve(void* ctx, int device, size_t size, uint64
   (void)ctx;
   CUdeviceptr d = 0;
   const char* call_ = "cuMemAddressReserve";
-  IN_CTX(device, r = g_cuda.cu.cuMemAddressReserve(&d, size, 0, 0, 0));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemAddressReserve(&d, size, 0, 0, 0));
   *va = (uint64_t)d;
   return STASH_OK;
 }
@@ -291,7 +306,7 @@ static stash_status_t cuda_va_reserve(void* ctx, int device, size_t size, uint64
 static stash_status_t cuda_va_free(void* ctx, int device, uint64_t va, size_t size) {
   (void)ctx;
   const char* call_ = "cuMemAddressFree";
-  IN_CTX(device, r = g_cuda.cu.cuMemAddressFree((CUdeviceptr)va, size));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemAddressFree((CUdeviceptr)va, size));
   return STASH_OK;
 }
 
@@ -301,7 +316,7 @@ static stash_status_t cuda_phys_create(void* ctx, int device, size_t size, uint6
   page_prop(device, &prop);
   CUmemGenericAllocationHandle h = 0;
   const char* call_ = "cuMemCreate";
-  IN_CTX(device, r = g_cuda.cu.cuMemCreate(&h, size, &prop, 0));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemCreate(&h, size, &prop, 0));
   *handle = (uint64_t)h;
   return STASH_OK;
 }
@@ -309,7 +324,7 @@ static stash_status_t cuda_phys_create(void* ctx, int device, size_t size, uint6
 static stash_status_t cuda_phys_release(void* ctx, int device, uint64_t handle) {
   (void)ctx;
   const char* call_ = "cuMemRelease";
-  IN_CTX(device, r = g_cuda.cu.cuMemRelease((CUmemGenericAllocationHandle)handle));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemRelease((CUmemGenericAllocationHandle)handle));
   return STASH_OK;
 }
 
@@ -317,7 +332,7 @@ static stash_status_t cuda_map(void* ctx, int device, uint64_t va, size_t size,
                                uint64_t handle, size_t offset) {
   (void)ctx;
   const char* call_ = "cuMemMap";
-  IN_CTX(device, r = g_cuda.cu.cuMemMap((CUdeviceptr)va, size, offset,
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemMap((CUdeviceptr)va, size, offset,
                                         (CUmemGenericAllocationHandle)handle, 0));
   return STASH_OK;
 }
@@ -325,7 +340,7 @@ static stash_status_t cuda_map(void* ctx, int device, uint64_t va, size_t size,
 static stash_status_t cuda_unmap(void* ctx, int device, uint64_t va, size_t size) {
   (void)ctx;
   const char* call_ = "cuMemUnmap";
-  IN_CTX(device, r = g_cuda.cu.cuMemUnmap((CUdeviceptr)va, size));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemUnmap((CUdeviceptr)va, size));
   return STASH_OK;
 }
 
@@ -337,7 +352,7 @@ static stash_status_t cuda_set_access(void* ctx, int device, uint64_t va, size_t
   desc.location.id = device;
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   const char* call_ = "cuMemSetAccess";
-  IN_CTX(device, r = g_cuda.cu.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1));
   return STASH_OK;
 }
 
@@ -345,7 +360,7 @@ static stash_status_t cuda_event_create(void* ctx, int device, uint64_t* event) 
   (void)ctx;
   CUevent e = NULL;
   const char* call_ = "cuEventCreate";
-  IN_CTX(device, r = g_cuda.cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  IN_CTX_RELAXED(device, r = g_cuda.cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   *event = (uint64_t)(uintptr_t)e;
   return STASH_OK;
 }

@@ -134,6 +134,69 @@ int main(void) {
   CHECK_OK(stash_heap_check(h));
   CHECK_OK(stash_heap_check(h1));
 
+  th_current = "graph_pools"; /* CUDA graphs' private pools (torch.cuda.graph's hooks) */
+  stash_torch_set_memory_fraction(1.0, 0);
+  void* S = (void*)5; /* the capture's stream */
+  void* before = stash_torch_malloc(64 * MiB, 0, S); /* the default heap's */
+  CHECK_EQ(stash_torch_pool_list(NULL, 0), 0);
+  stash_torch_begin_allocate_to_pool(0, 7, 1, NULL);
+  stash_heap_t* pools[2] = {NULL};
+  CHECK_EQ(stash_torch_pool_list(pools, 2), 1);
+  stash_heap_t* ph = pools[0];
+  CHECK(ph != NULL && ph != h && ph != h1);
+  if (ph) {
+    stash_heap_conf(ph, &conf); /* made like the default heap */
+    CHECK(conf.expandable_segments);
+  }
+  void* tmp = stash_torch_malloc(64 * MiB, 0, S); /* a temporary of the captured work */
+  void* out = stash_torch_malloc(4 * MiB, 0, S);  /* its output, kept by the program */
+  CHECK(tmp != NULL && out != NULL && tmp != before);
+  CHECK_OK(stash_heap_stats(ph, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 2);
+  CHECK_OK(stash_heap_stats(h, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 1); /* `before` only */
+  stash_torch_free(tmp, 64 * MiB, 0, S); /* freed within the capture: back to the pool */
+  void* tmp2 = stash_torch_malloc(64 * MiB, 0, S);
+  CHECK(tmp2 == tmp); /* the capture reuses its own memory */
+  stash_torch_free(tmp2, 64 * MiB, 0, S);
+  stash_torch_end_allocate_to_pool(0, 7, 1);
+  stash_torch_free(before, 64 * MiB, 0, S);
+  void* after = stash_torch_malloc(64 * MiB, 0, S); /* outside the capture */
+  CHECK(after != NULL && after != tmp); /* never the memory the graph replays into */
+  CHECK_OK(stash_heap_stats(h, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 1);
+  CHECK_OK(stash_heap_stats(ph, &s));
+  int64_t pool_reserved = s.reserved_bytes[STASH_STAT_ALL].current;
+  CHECK(pool_reserved >= 68 * (int64_t)MiB);
+  stash_torch_reset(); /* empty_cache: the pool keeps its free memory */
+  CHECK_OK(stash_heap_stats(ph, &s));
+  CHECK_EQ(s.reserved_bytes[STASH_STAT_ALL].current, pool_reserved);
+  stash_torch_record_stream(out, (void*)6); /* found in the pool's heap */
+  stash_torch_begin_allocate_to_pool(0, 7, 1, NULL); /* a second graph shares the pool */
+  void* tmp3 = stash_torch_malloc(64 * MiB, 0, S);
+  CHECK(tmp3 == tmp);
+  stash_torch_free(tmp3, 64 * MiB, 0, S);
+  stash_torch_end_allocate_to_pool(0, 7, 1);
+  stash_torch_begin_allocate_to_pool(1, 7, 1, NULL); /* the same id on device 1: another pool */
+  stash_torch_end_allocate_to_pool(1, 7, 1);
+  CHECK_EQ(stash_torch_pool_list(NULL, 0), 2);
+  stash_torch_release_pool(1, 7, 1);
+  stash_torch_release_pool(0, 7, 1); /* one of its two graphs gone */
+  stash_torch_reset();
+  CHECK_EQ(stash_torch_pool_list(pools, 2), 1); /* device 1's given back; device 0's in use */
+  CHECK(pools[0] == ph);
+  stash_torch_release_pool(0, 7, 1); /* the second graph gone, but `out` lives */
+  stash_torch_reset();
+  CHECK_EQ(stash_torch_pool_list(NULL, 0), 1);
+  stash_torch_free(out, 4 * MiB, 0, S); /* to the pool's heap (pending: stream 6 used it) */
+  CHECK_OK(stash_heap_check(ph));
+  stash_torch_reset(); /* now it goes: memory given back, heap destroyed */
+  CHECK_EQ(stash_torch_pool_list(NULL, 0), 0);
+  stash_torch_free(after, 64 * MiB, 0, S);
+  CHECK_OK(stash_heap_stats(h, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 0);
+  CHECK_OK(stash_heap_check(h));
+
   stash_default_shutdown();
   /* After shutdown the heaps are made again from the environment. */
   setenv("STASH_CONF", "policy:pytorch", 1);

@@ -197,6 +197,25 @@ def main():
                 failures.append("snapshot " + conf)
                 sys.stdout.write(out + err)
 
+    case("a CUDA graph's pool: its own heap, listed", """
+        eq(stash.torch.graph_pools(), [], "no pool yet")
+        L.stash_torch_begin_allocate_to_pool(0, 3, 0, None)     # torch.cuda.graph's hooks
+        p = L.stash_torch_malloc(50 * MiB, 0, None)
+        L.stash_torch_end_allocate_to_pool(0, 3, 0)
+        q = L.stash_torch_malloc(1000, 0, None)
+        pools = stash.torch.graph_pools()
+        eq(len(pools), 1, "pools")
+        eq((pools[0]["device"], pools[0]["allocated_bytes"], pools[0]["active"]),
+           (0, 50 * MiB, 1), "the pool's block")
+        if pools[0]["reserved_bytes"] < 50 * MiB: fail("pool reserved %r" % pools[0])
+        eq(stash.memory_allocated(0), 1024, "the default heap has the other block only")
+        L.stash_torch_free(p, 50 * MiB, 0, None)
+        L.stash_torch_release_pool(0, 3, 0)
+        stash.empty_cache()
+        eq(stash.torch.graph_pools(), [], "given back at empty_cache")
+        L.stash_torch_free(q, 1000, 0, None)
+    """)
+
     case("the package imports without PyTorch or CuPy", """
         for m in ("torch", "cupy"):
             if m in sys.modules: fail(m + " was imported")

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """stash under PyTorch on a GPU: the hooks reach stash (empty_cache, memory fraction,
-record_stream), statistics follow the tensors, and installing too late is a clear error.
+record_stream, a CUDA graph's private pool under each policy: its memory grown during the
+capture, kept through empty_cache, never handed to a tensor made after it, given back once the
+graph is gone), statistics follow the tensors, and installing too late is a clear error.
 Exits 77 (CTest's skip) without PyTorch or a GPU.
 
   test_torch_gpu.py LIBSTASH PYTHON_DIR
@@ -78,6 +80,36 @@ cases = {
             raise AssertionError("no error")
     """,
 }
+GRAPH = """
+    import torch, stash
+    stash.torch.install(%r)
+    n = 16 << 20                                   # floats: 64 MiB temporaries
+    x = torch.randn(n, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):                      # the pool hooks; its memory grown in capture
+        t = (x * 2).relu() + 1
+        out = t.sum()
+        del t                                      # freed inside the capture
+    pools = stash.torch.graph_pools()
+    assert len(pools) == 1 and pools[0]["active"] >= 1, pools
+    a = stash.memory_allocated()                   # x (and PyTorch's small tensors), not t
+    assert n * 4 <= a < n * 4 + (1 << 20), a
+    torch.cuda.empty_cache()                       # must not give back what the graph uses
+    assert stash.torch.graph_pools()[0]["reserved_bytes"] == pools[0]["reserved_bytes"]
+    z = torch.full((n,), 7.0, device="cuda")       # made after: never the graph's memory
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert int((z != 7.0).sum().item()) == 0, "the replay overwrote a tensor made after it"
+    want = ((x * 2).relu() + 1).sum().item()
+    assert abs(out.item() - want) <= 1e-4 * abs(want), (out.item(), want)
+    del g, out                                     # the graph released, its output freed
+    torch.cuda.empty_cache()
+    assert stash.torch.graph_pools() == [], stash.torch.graph_pools()
+    print("ok")
+"""
+for conf in ("policy:stash", "policy:pytorch", "policy:pytorch,expandable_segments:True"):
+    cases["a CUDA graph's memory is its own (%s)" % conf] = GRAPH % conf
 for name, code in cases.items():
     rc, out = run(code)
     if name.startswith("out of memory"):

@@ -72,6 +72,11 @@ _SIGNATURES = {
     "stash_torch_set_memory_fraction": (None, [ctypes.c_double, ctypes.c_int]),
     "stash_torch_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
     "stash_torch_base_alloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "stash_torch_begin_allocate_to_pool": (None, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                                                   ctypes.c_void_p]),
+    "stash_torch_end_allocate_to_pool": (None, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]),
+    "stash_torch_release_pool": (None, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]),
+    "stash_torch_pool_list": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
     "stash_cupy_malloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
     "stash_cupy_free": (None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]),
 }

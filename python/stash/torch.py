@@ -7,8 +7,12 @@
 
 It must run before PyTorch's first CUDA allocation (PyTorch cannot swap an allocator in
 use). torch.cuda.empty_cache(), set_per_process_memory_fraction() and Tensor.record_stream()
-reach stash through the allocator's hooks.
+reach stash through the allocator's hooks; so do CUDA graphs (torch.cuda.graph): what a
+capture allocates comes from a private pool, a heap of its own that empty_cache leaves alone
+and that is given back once the graphs using it are gone and its blocks freed
+(graph_pools() lists them). memory_stats() and the other statistics are the default heap's.
 """
+import json
 import ctypes
 import os
 
@@ -53,6 +57,10 @@ def install(conf=None):
     raw.set_memory_fraction_fn(_address("stash_torch_set_memory_fraction"))
     raw.set_record_stream_fn(_address("stash_torch_record_stream"))
     raw.set_base_alloc_fn(_address("stash_torch_base_alloc"))
+    if hasattr(raw, "set_begin_allocate_to_pool"):  # CUDA graphs' private pools (PyTorch 2.3+)
+        raw.set_begin_allocate_to_pool(_address("stash_torch_begin_allocate_to_pool"))
+        raw.set_end_allocate_to_pool_fn(_address("stash_torch_end_allocate_to_pool"))
+        raw.set_release_pool(_address("stash_torch_release_pool"))
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
@@ -60,3 +68,24 @@ def install(conf=None):
                            "(PyTorch says: %s)" % e) from None
     _installed = alloc
     return alloc
+
+
+def graph_pools():
+    """The CUDA graphs' private pools that exist now: one dict per pool, with its device and
+    its heap's reserved_bytes, allocated_bytes and active blocks (current values)."""
+    l = _lib.lib()
+    n = l.stash_torch_pool_list(None, 0)
+    heaps = (ctypes.c_void_p * max(n, 1))()
+    n = min(n, l.stash_torch_pool_list(heaps, n))
+    out = []
+    for i in range(n):
+        h = ctypes.c_void_p(heaps[i])
+        k = l.stash_heap_stats_json(h, None, 0)
+        buf = ctypes.create_string_buffer(k + 1)
+        l.stash_heap_stats_json(h, buf, k + 1)
+        st = json.loads(buf.value.decode())
+        out.append({"device": l.stash_heap_device(h),
+                    "reserved_bytes": st["reserved_bytes.all.current"],
+                    "allocated_bytes": st["allocated_bytes.all.current"],
+                    "active": st["active.all.current"]})
+    return out
