@@ -16,6 +16,39 @@ static void* churn(void* arg) {
   return NULL;
 }
 
+/* A thread capturing graphs one after another (a pool each, released at once), and one
+ * allocating on its own stream meanwhile: its allocations may land in an open pool and be
+ * freed after that pool was released (ThreadSanitizer runs this test). */
+static void* capturer(void* arg) {
+  (void)arg;
+  for (uint64_t i = 0; i < 40; i++) {
+    stash_torch_begin_allocate_to_pool(0, 9, i, NULL);
+    void* a = stash_torch_malloc(3 * MiB, 0, (void*)11);
+    void* b = stash_torch_malloc(4096, 0, (void*)11);
+    if (!a || !b) return (void*)1;
+    stash_torch_free(a, 3 * MiB, 0, (void*)11);
+    stash_torch_end_allocate_to_pool(0, 9, i);
+    stash_torch_free(b, 4096, 0, (void*)11);
+    stash_torch_release_pool(0, 9, i);
+    stash_torch_reset();
+  }
+  return NULL;
+}
+
+static void* eager(void* arg) {
+  (void)arg;
+  void* keep[8] = {NULL};
+  for (int i = 0; i < 1500; i++) {
+    void* p = stash_torch_malloc((size_t)(i % 13 + 1) * 256 * 1024, 0, (void*)12);
+    if (!p) return (void*)1;
+    int k = i % 8;
+    if (keep[k]) stash_torch_free(keep[k], 0, 0, (void*)12);
+    keep[k] = p;
+  }
+  for (int k = 0; k < 8; k++) stash_torch_free(keep[k], 0, 0, (void*)12);
+  return NULL;
+}
+
 int main(void) {
   stash_heap_t* h = NULL;
   th_current = "bad_provider";
@@ -193,6 +226,21 @@ int main(void) {
   stash_torch_reset(); /* now it goes: memory given back, heap destroyed */
   CHECK_EQ(stash_torch_pool_list(NULL, 0), 0);
   stash_torch_free(after, 64 * MiB, 0, S);
+  CHECK_OK(stash_heap_stats(h, &s));
+  CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 0);
+  CHECK_OK(stash_heap_check(h));
+
+  th_current = "graph_pools_threads";
+  pthread_t tc, te;
+  pthread_create(&tc, NULL, capturer, NULL);
+  pthread_create(&te, NULL, eager, NULL);
+  void* rc = NULL;
+  pthread_join(tc, &rc);
+  CHECK(rc == NULL);
+  pthread_join(te, &rc);
+  CHECK(rc == NULL);
+  stash_torch_reset(); /* the pools the eager thread's last frees emptied */
+  CHECK_EQ(stash_torch_pool_list(NULL, 0), 0);
   CHECK_OK(stash_heap_stats(h, &s));
   CHECK_EQ(s.allocation[STASH_STAT_ALL].current, 0);
   CHECK_OK(stash_heap_check(h));
