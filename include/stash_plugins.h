@@ -54,6 +54,8 @@ STASH_API void stash_torch_release_pool(int device, uint64_t id0, uint64_t id1);
 /* The heaps of the pools that exist now, for statistics: their number; the first `max` in
  * out (NULL to count). A heap listed may be destroyed by a later empty_cache. */
 STASH_API int stash_torch_pool_list(stash_heap_t** out, int max);
+/* The MempoolId_t of the pool whose heap is `heap`: 0, or -1 when no pool has that heap. */
+STASH_API int stash_torch_pool_id(const stash_heap_t* heap, uint64_t* id0, uint64_t* id1);
 
 /* cupy.cuda.memory.CFunctionAllocator(0, stash_cupy_malloc, stash_cupy_free, owner): on
  * the device's default stream (CuPy does not pass its current stream). */

@@ -150,6 +150,17 @@ int stash_torch_pool_list(stash_heap_t** out, int max) {
   return n;
 }
 
+int stash_torch_pool_id(const stash_heap_t* heap, uint64_t* id0, uint64_t* id1) {
+  pthread_mutex_lock(&g_pools_lock);
+  const graph_pool_t* p = pool_of_heap(heap);
+  if (p) {
+    *id0 = p->id[0];
+    *id1 = p->id[1];
+  }
+  pthread_mutex_unlock(&g_pools_lock);
+  return p ? 0 : -1;
+}
+
 /* An allocation while a pool is open on the device: from the pool. false: none is open. */
 static bool pool_alloc(size_t size, int device, void* stream, void** p, stash_status_t* st) {
   if (atomic_load(&g_open_pools) == 0) return false;

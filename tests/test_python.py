@@ -209,6 +209,10 @@ def main():
            (0, 50 * MiB, 1), "the pool's block")
         if pools[0]["reserved_bytes"] < 50 * MiB: fail("pool reserved %r" % pools[0])
         eq(stash.memory_allocated(0), 1024, "the default heap has the other block only")
+        snap = stash.snapshot()
+        mine = [seg for seg in snap["segments"] if seg["segment_pool_id"] == (3, 0)]
+        eq(sum(seg["allocated_size"] for seg in mine), 50 * MiB, "the pool's segments in the snapshot")
+        eq(sum(seg["allocated_size"] for seg in snap["segments"]), 50 * MiB + 1024, "all segments")
         L.stash_torch_free(p, 50 * MiB, 0, None)
         L.stash_torch_release_pool(0, 3, 0)
         stash.empty_cache()

@@ -136,7 +136,7 @@ _CONF_DEFAULTS = {"max_split_size": -1, "garbage_collection_threshold": 0.0,
                   "expandable_segments": False}
 
 
-def _segments(heap, device):
+def _segments(heap, device, pool_id=(0, 0)):
     out = []
 
     def visit(seg_p, blocks_p, arg):
@@ -160,7 +160,7 @@ def _segments(heap, device):
                     "requested_size": sum(b["requested_size"] for b in active),
                     "stream": seg.stream or 0,
                     "segment_type": "small" if seg.is_small else "large",
-                    "segment_pool_id": (0, 0), "is_expandable": bool(seg.is_expandable),
+                    "segment_pool_id": pool_id, "is_expandable": bool(seg.is_expandable),
                     "frames": [], "blocks": blocks})
         return 0
 
@@ -211,7 +211,8 @@ def _settings(heap):
 
 
 def snapshot():
-    """torch.cuda.memory._snapshot(): every device heap's segments with their blocks,
+    """torch.cuda.memory._snapshot(): every device heap's segments with their blocks (and
+    those of CUDA graphs' private pools, with the pool's id as segment_pool_id),
     device_traces (the recorded history, per device), allocator_settings. Blocks of
     policy:stash lent to a stitched range show as active_allocated in the arena that holds
     them; stitched ranges themselves are not listed (their memory would count twice)."""
@@ -228,6 +229,14 @@ def snapshot():
         traces[devices[i]] = _traces(h)
         if settings is None:
             settings = _settings(h)
+    m = l.stash_torch_pool_list(None, 0)  # CUDA graphs' private pools, with their ids
+    pools = (ctypes.c_void_p * max(m, 1))()
+    m = min(m, l.stash_torch_pool_list(pools, m))
+    for i in range(m):
+        h = ctypes.c_void_p(pools[i])
+        a, b = ctypes.c_uint64(), ctypes.c_uint64()
+        if l.stash_torch_pool_id(h, ctypes.byref(a), ctypes.byref(b)) == 0:
+            segments += _segments(h, l.stash_heap_device(h), (a.value, b.value))
     segments.sort(key=lambda s: (s["device"], s["address"]))
     return {"segments": segments, "device_traces": traces,
             "allocator_settings": settings or {}, "external_annotations": []}

@@ -77,6 +77,8 @@ _SIGNATURES = {
     "stash_torch_end_allocate_to_pool": (None, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]),
     "stash_torch_release_pool": (None, [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]),
     "stash_torch_pool_list": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
+    "stash_torch_pool_id": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+                                           ctypes.POINTER(ctypes.c_uint64)]),
     "stash_cupy_malloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
     "stash_cupy_free": (None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]),
 }
