@@ -162,6 +162,16 @@ STASH_API stash_status_t stash_heap_free(stash_heap_t* heap, void* ptr);
  * heap, STASH_ERR_HOST_OOM. Thread-safe. */
 STASH_API stash_status_t stash_heap_record_stream(stash_heap_t* heap, void* ptr, void* stream);
 
+/* A CUDA graph capture has begun, or ended, on the heap's device (PyTorch's plug-in hooks
+ * call these: stash_plugins.h). Calls nest. While a capture is underway the heap queries no
+ * event and records none - the driver refuses to query an event recorded in a capture
+ * (CUDA_ERROR_CAPTURED_EVENT) - so a block freed with uses on other streams stays in use
+ * until the last capture has ended and its events complete, and an allocation that finds no
+ * memory gives up without releasing the cache (both as PyTorch's allocator does).
+ * capture_end without a capture underway is STASH_ERR_INVALID. Thread-safe. */
+STASH_API stash_status_t stash_heap_capture_begin(stash_heap_t* heap);
+STASH_API stash_status_t stash_heap_capture_end(stash_heap_t* heap);
+
 /* Wait for pending cross-stream frees, then give every fully free cached segment (and
  * every fully free page of expandable segments) back to the provider. Returns a provider
  * error if one refused; what was released stays released. Thread-safe. */

@@ -77,10 +77,20 @@ stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* co
     }
     if (!queue_reserve(q, 1)) return host_oom(e);
   }
-  /* Room for every event the heap may ever own, so that recycling cannot fail. */
-  uint64_t* pool = _stash_array_grow(e->pool, &e->cap_pool, e->nevents + n, sizeof *pool, 16);
+  /* Room for every event the heap may ever own, so that recycling cannot fail (a deferred
+   * entry's event counted already: it is made when recorded). */
+  uint64_t* pool = _stash_array_grow(e->pool, &e->cap_pool, e->nevents + e->ndeferred + n,
+                                     sizeof *pool, 16);
   if (!pool) return host_oom(e);
   e->pool = pool;
+  if (h->capturing) { /* queued now, recorded once no capture is underway */
+    for (size_t i = 0; i < n; i++) {
+      stash_ev_queue_t* q = queue_for(e, streams[i]);
+      q->v[(q->head + q->n++) % q->cap] = (stash_ev_entry_t){0, item, true};
+    }
+    e->ndeferred += n;
+    return STASH_OK;
+  }
   uint64_t local[64];
   uint64_t* ev = n <= 64 ? local : malloc(n * sizeof *ev);
   if (!ev) return host_oom(e);
@@ -107,7 +117,7 @@ stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* co
   if (st == STASH_OK) {
     for (size_t i = 0; i < n; i++) {
       stash_ev_queue_t* q = queue_for(e, streams[i]);
-      q->v[(q->head + q->n++) % q->cap] = (stash_ev_entry_t){ev[i], item};
+      q->v[(q->head + q->n++) % q->cap] = (stash_ev_entry_t){ev[i], item, false};
     }
   } else {
     for (size_t i = 0; i < made; i++) e->pool[e->npool++] = ev[i];
@@ -117,9 +127,38 @@ stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* co
   return st;
 }
 
+/* Record the events of the entries queued during captures, now that none is underway. */
+static stash_status_t record_deferred(stash_heap_t* h, stash_events_t* e) {
+  for (size_t i = 0; i < e->nqueues && e->ndeferred; i++) {
+    stash_ev_queue_t* q = &e->queues[i];
+    for (size_t k = 0; k < q->n; k++) {
+      stash_ev_entry_t* x = &q->v[(q->head + k) % q->cap];
+      if (!x->deferred) continue;
+      uint64_t ev = 0;
+      if (e->npool) {
+        ev = e->pool[--e->npool];
+      } else {
+        stash_status_t st = _STASH_PCALL(h, event_create, h->device, &ev);
+        if (st != STASH_OK) return _stash_prov_fail(h, st, "create an event");
+        e->nevents++;
+      }
+      stash_status_t st = _STASH_PCALL(h, event_record, h->device, ev, q->stream);
+      if (st != STASH_OK) {
+        e->pool[e->npool++] = ev;
+        return _stash_prov_fail(h, st, "record an event");
+      }
+      x->event = ev;
+      x->deferred = false;
+      e->ndeferred--;
+    }
+  }
+  return STASH_OK;
+}
+
 stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
                                   stash_ev_done_fn done) {
-  stash_status_t st = STASH_OK;
+  if (h->capturing) return STASH_OK;
+  stash_status_t st = e->ndeferred ? record_deferred(h, e) : STASH_OK;
   for (size_t i = 0; i < e->nqueues && st == STASH_OK; i++) {
     stash_ev_queue_t* q = &e->queues[i];
     while (q->n) {
@@ -155,6 +194,7 @@ stash_status_t _stash_events_destroy(stash_heap_t* h, stash_events_t* e) {
   for (size_t i = 0; i < e->nqueues; i++) {
     stash_ev_queue_t* q = &e->queues[i];
     for (; q->n; q->n--, q->head = (q->head + 1) % q->cap) {
+      if (q->v[q->head].deferred) continue; /* never recorded: no event */
       stash_status_t r = _STASH_PCALL(h, event_destroy, q->v[q->head].event);
       if (r != STASH_OK && first == STASH_OK) first = r;
     }

@@ -161,6 +161,24 @@ stash_status_t stash_heap_record_stream(stash_heap_t* h, void* ptr, void* stream
   return st;
 }
 
+stash_status_t stash_heap_capture_begin(stash_heap_t* h) {
+  CHECK_HEAP(h, "stash_heap_capture_begin");
+  pthread_mutex_lock(&h->lock);
+  h->capturing++;
+  pthread_mutex_unlock(&h->lock);
+  return STASH_OK;
+}
+
+stash_status_t stash_heap_capture_end(stash_heap_t* h) {
+  CHECK_HEAP(h, "stash_heap_capture_end");
+  pthread_mutex_lock(&h->lock);
+  stash_status_t st = STASH_OK;
+  if (h->capturing > 0) h->capturing--;
+  else st = _stash_error(STASH_ERR_INVALID, "stash_heap_capture_end: no capture underway");
+  pthread_mutex_unlock(&h->lock);
+  return st;
+}
+
 stash_status_t stash_heap_empty_cache(stash_heap_t* h) {
   CHECK_HEAP(h, "stash_heap_empty_cache");
   pthread_mutex_lock(&h->lock);

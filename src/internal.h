@@ -235,6 +235,7 @@ STASH_HIDDEN stash_status_t _stash_prov_fail(stash_heap_t* h, stash_status_t st,
 typedef struct stash_ev_entry_s {
   uint64_t event;
   void* item;
+  bool deferred; /* queued during a capture: its event not recorded yet (event unset) */
 } stash_ev_entry_t;
 
 typedef struct stash_ev_queue_s { /* one stream's FIFO */
@@ -249,16 +250,20 @@ typedef struct stash_events_s {
   uint64_t* pool;           /* events ready for reuse */
   size_t npool, cap_pool;
   size_t nevents;           /* events created (pooled or queued) */
+  size_t ndeferred;         /* entries queued during captures, their events not recorded yet */
 } stash_events_t;
 
 typedef void (*stash_ev_done_fn)(stash_heap_t* h, void* item);
 
 /* Record an event on each of streams[0..n) and queue (event, item) on each stream's FIFO;
- * all or nothing. */
+ * all or nothing. While a CUDA graph capture is underway (h->capturing), the entries are
+ * queued with no event - the driver refuses to query an event recorded in a capture - and
+ * the first poll after the last capture ends records them (as PyTorch defers them). */
 STASH_HIDDEN stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e,
                                                  void* const* streams, size_t n, void* item);
 /* Call done(item) for every completed entry, in order per stream, stopping at a stream's
- * first incomplete one; with wait, wait for every entry instead. */
+ * first incomplete one; with wait, wait for every entry instead. During a capture: nothing
+ * (no event is queried, as PyTorch processes none then). */
 STASH_HIDDEN stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
                                                stash_ev_done_fn done);
 STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
@@ -346,6 +351,7 @@ struct stash_heap_s {
                                     total_allocated_memory) */
   stash_stats_t stats;
   stash_history_t history;       /* recorded events, when asked for */
+  int capturing;                 /* CUDA graph captures underway on the device (events.c) */
   const stash_policy_ops_t* policy;
   void* policy_state;
 };

@@ -22,7 +22,9 @@
  * library cannot call; taking the others too is safe, and a capture is brief); a block
  * freed returns to the heap it came from, whenever it is freed. Once every graph using a
  * pool has released it and its last block is freed, the next empty_cache gives its memory
- * back and destroys its heap (as PyTorch frees a released pool's blocks there). */
+ * back and destroys its heap (as PyTorch frees a released pool's blocks there). While a
+ * capture is underway the device's heaps record and query no event (stash_heap_capture_begin):
+ * a capture on several streams frees blocks used on more than one. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -56,6 +58,7 @@ static pthread_mutex_t g_pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static graph_pool_t* g_pools;
 static size_t g_npools, g_cap_pools;
 static uint64_t g_open_clock;
+static int g_capturing[MAX_HEAPS]; /* captures underway per device (begun, not ended) */
 static ptrmap_t g_pool_blocks; /* block address -> its pool's heap */
 static atomic_int g_open_pools;   /* pools open now, on any device: 0 on the fast path */
 static atomic_size_t g_pool_live; /* blocks of any pool live now: 0 on the fast path */
@@ -99,8 +102,19 @@ static void pools_release_freeable(void) {
   }
 }
 
+/* Tell the device's heaps - its default heap and every pool's - that a capture begins
+ * (delta 1) or ends (-1): no event is recorded or queried while one is underway. */
+static void heaps_capturing(int device, int delta) {
+  stash_heap_t* d = heap_of(device);
+  if (d) (delta > 0 ? stash_heap_capture_begin : stash_heap_capture_end)(d);
+  for (size_t i = 0; i < g_npools; i++)
+    if (g_pools[i].device == device)
+      (delta > 0 ? stash_heap_capture_begin : stash_heap_capture_end)(g_pools[i].heap);
+}
+
 void stash_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, void* filter) {
   (void)filter; /* a C++ std::function: every allocation on the device goes to the pool */
+  if (device < 0 || device >= MAX_HEAPS) return;
   pthread_mutex_lock(&g_pools_lock);
   graph_pool_t* p = pool_find(device, id0, id1);
   if (!p) {
@@ -116,11 +130,16 @@ void stash_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1, 
               device, stash_last_error());
       abort();
     }
+    for (int k = 0; k < g_capturing[device]; k++) stash_heap_capture_begin(h); /* others' */
     p = &g_pools[g_npools++];
     *p = (graph_pool_t){device, {id0, id1}, h, 0, 0, 0};
   }
   p->uses++;
-  if (!p->opened) atomic_fetch_add(&g_open_pools, 1);
+  if (!p->opened) { /* (begun again before its end: the same capture) */
+    atomic_fetch_add(&g_open_pools, 1);
+    g_capturing[device]++;
+    heaps_capturing(device, 1);
+  }
   p->opened = ++g_open_clock;
   pthread_mutex_unlock(&g_pools_lock);
 }
@@ -131,6 +150,8 @@ void stash_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1) {
   if (p && p->opened) {
     p->opened = 0;
     atomic_fetch_sub(&g_open_pools, 1);
+    g_capturing[device]--;
+    heaps_capturing(device, -1);
   }
   pthread_mutex_unlock(&g_pools_lock);
 }

@@ -978,7 +978,7 @@ static stash_status_t pt_alloc(stash_heap_t* h, size_t orig_size, void* stream, 
       if (st != STASH_OK) goto fail;
       if (released) found = alloc_block(h, &p, false);
     }
-    if (!found && p.err == STASH_ERR_OOM) {
+    if (!found && p.err == STASH_ERR_OOM && !h->capturing) { /* not in a capture: PyTorch's */
       st = release_cached_blocks(h);
       if (st != STASH_OK) goto fail;
       found = alloc_block(h, &p, true);

@@ -1674,7 +1674,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   if (live > s->live_peak) s->live_peak = live;
   if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) s->dropped = true;
   st = try_alloc(h, size, slot, &b);
-  if (st == STASH_ERR_OOM) {
+  if (st == STASH_ERR_OOM && !h->capturing) { /* no release during a CUDA graph capture */
     h->stats.num_alloc_retries++;
     st = release_cache(h);
     if (st == STASH_OK) st = try_alloc(h, size, slot, &b);

@@ -338,6 +338,46 @@ TEST(record_stream_holds_the_block) {
   fx_close(&f);
 }
 
+/* While a CUDA graph capture is underway the heap records and queries no event (the driver
+ * refuses to query one recorded in a capture): a block freed with a use on another stream
+ * stays pending until the capture has ended and its event, recorded then, completes. */
+static void capture_defers_events(const char* conf) {
+  fixture_t f;
+  if (!fx_open(&f, conf, 0)) return;
+  void* a = fx_alloc(&f, 3 * MiB, S1);
+  CHECK_OK(stash_heap_record_stream(f.heap, a, S2));
+  CHECK_OK(stash_heap_capture_begin(f.heap));
+  uint64_t rec = stash_sim_calls(f.sim, STASH_CALL_event_record);
+  uint64_t qry = stash_sim_calls(f.sim, STASH_CALL_event_query);
+  fx_free(&f, a); /* its use on S2: an event, deferred */
+  CHECK_EQ(find(&f, a).state, STASH_BLOCK_PENDING_FREE);
+  stash_sim_complete(f.sim, S2);
+  void* b = fx_alloc(&f, 3 * MiB, S1); /* no event queried: a's block still pending */
+  CHECK(U(b) != U(a));
+  CHECK_EQ(find(&f, a).state, STASH_BLOCK_PENDING_FREE);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_record), rec);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_query), qry);
+  CHECK_OK(stash_heap_capture_end(f.heap));
+  CHECK_EQ(stash_heap_capture_end(f.heap), STASH_ERR_INVALID); /* none underway */
+  void* c = fx_alloc(&f, 3 * MiB, S1); /* the event recorded now, on S2: not complete yet */
+  CHECK(stash_sim_calls(f.sim, STASH_CALL_event_record) > rec);
+  CHECK_EQ(find(&f, a).state, STASH_BLOCK_PENDING_FREE);
+  stash_sim_complete(f.sim, S2);
+  void* d = fx_alloc(&f, 1000, S1); /* polls: a's block is free again */
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_PENDING_FREE), 0);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, b);
+  fx_free(&f, c);
+  fx_free(&f, d);
+  fx_close(&f);
+}
+
+TEST(a_capture_records_and_queries_no_event) {
+  capture_defers_events("policy:stash");
+  capture_defers_events("policy:pytorch");
+  capture_defers_events("policy:pytorch,expandable_segments:True");
+}
+
 /* ---- giving memory back --------------------------------------------------------------- */
 
 TEST(empty_cache_gives_back_the_free_ends) {
@@ -1633,6 +1673,7 @@ int main(void) {
   RUN(fast_path_ends_with_a_second_stream);
   RUN(other_stream_waits_for_an_event);
   RUN(record_stream_holds_the_block);
+  RUN(a_capture_records_and_queries_no_event);
   RUN(empty_cache_gives_back_the_free_ends);
   RUN(out_of_memory_releases_then_fails_cleanly);
   RUN(a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache);

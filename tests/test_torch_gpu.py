@@ -2,7 +2,8 @@
 """stash under PyTorch on a GPU: the hooks reach stash (empty_cache, memory fraction,
 record_stream, a CUDA graph's private pool under each policy: its memory grown during the
 capture, kept through empty_cache, never handed to a tensor made after it, given back once the
-graph is gone), statistics follow the tensors, and installing too late is a clear error.
+graph is gone; a capture on two streams, whose cross-stream frees record no event in the
+capture), statistics follow the tensors, and installing too late is a clear error.
 Exits 77 (CTest's skip) without PyTorch or a GPU.
 
   test_torch_gpu.py LIBSTASH PYTHON_DIR
@@ -108,8 +109,41 @@ GRAPH = """
     assert stash.torch.graph_pools() == [], stash.torch.graph_pools()
     print("ok")
 """
+GRAPH_STREAMS = """
+    import torch, stash
+    stash.torch.install(%r)
+    n = 16 << 20
+    x = torch.randn(n, device="cuda")
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):                      # a capture on two streams
+        cs = torch.cuda.current_stream()
+        side.wait_stream(cs)
+        with torch.cuda.stream(side):
+            a = x * 2                              # allocated on the side stream
+        cs.wait_stream(side)
+        a.record_stream(cs)
+        b = a + 1
+        del a                                      # freed in the capture, used on both
+        c = torch.empty_like(b)
+        c.copy_(b * 3)
+        out = c.sum()
+        del b, c
+    z = torch.full((n,), 7.0, device="cuda")
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert int((z != 7.0).sum().item()) == 0
+    want = ((x * 2 + 1) * 3).sum().item()
+    assert abs(out.item() - want) <= 1e-4 * abs(want), (out.item(), want)
+    del g, out
+    torch.cuda.empty_cache()
+    assert stash.torch.graph_pools() == [], stash.torch.graph_pools()
+    print("ok")
+"""
 for conf in ("policy:stash", "policy:pytorch", "policy:pytorch,expandable_segments:True"):
     cases["a CUDA graph's memory is its own (%s)" % conf] = GRAPH % conf
+    cases["a graph captured on two streams (%s)" % conf] = GRAPH_STREAMS % conf
 for name, code in cases.items():
     rc, out = run(code)
     if name.startswith("out of memory"):
