@@ -96,7 +96,9 @@ static void pools_release_freeable(void) {
       i++;
       continue;
     }
-    if (stash_heap_empty_cache(p->heap) != STASH_OK || stash_heap_destroy(p->heap) != STASH_OK)
+    if (stash_heap_empty_cache(p->heap) != STASH_OK) /* the wait failed: destroy gives it back */
+      fprintf(stderr, "stash: waiting for a CUDA graph pool's work: %s\n", stash_last_error());
+    if (stash_heap_destroy(p->heap) != STASH_OK)
       fprintf(stderr, "stash: giving back a CUDA graph pool: %s\n", stash_last_error());
     *p = g_pools[--g_npools];
   }
