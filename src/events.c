@@ -62,6 +62,27 @@ stash_status_t _stash_uses_add(void*** uses, uint32_t* n, uint32_t* cap, void* s
   return STASH_OK;
 }
 
+/* An event - from the pool, or created - recorded on `stream`. On failure none is taken (a
+ * created one goes to the pool, which has room for every event the heap owns). */
+static stash_status_t record_one(stash_heap_t* h, stash_events_t* e, void* stream,
+                                 uint64_t* out) {
+  uint64_t ev = 0;
+  if (e->npool) {
+    ev = e->pool[--e->npool];
+  } else {
+    stash_status_t st = _STASH_PCALL(h, event_create, h->device, &ev);
+    if (st != STASH_OK) return _stash_prov_fail(h, st, "create an event");
+    e->nevents++;
+  }
+  stash_status_t st = _STASH_PCALL(h, event_record, h->device, ev, stream);
+  if (st != STASH_OK) {
+    e->pool[e->npool++] = ev;
+    return _stash_prov_fail(h, st, "record an event");
+  }
+  *out = ev;
+  return STASH_OK;
+}
+
 stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* const* streams,
                                     size_t n, void* item) {
   stash_ev_queue_t* queues =
@@ -95,25 +116,8 @@ stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t* e, void* co
   uint64_t* ev = n <= 64 ? local : malloc(n * sizeof *ev);
   if (!ev) return host_oom(e);
   stash_status_t st = STASH_OK;
-  size_t made = 0;
-  for (; made < n; made++) {
-    if (e->npool) {
-      ev[made] = e->pool[--e->npool];
-    } else {
-      st = _STASH_PCALL(h, event_create, h->device, &ev[made]);
-      if (st != STASH_OK) {
-        st = _stash_prov_fail(h, st, "create an event");
-        break;
-      }
-      e->nevents++;
-    }
-    st = _STASH_PCALL(h, event_record, h->device, ev[made], streams[made]);
-    if (st != STASH_OK) {
-      st = _stash_prov_fail(h, st, "record an event");
-      made++; /* this event exists: give it back below */
-      break;
-    }
-  }
+  size_t made = 0; /* events recorded */
+  while (made < n && (st = record_one(h, e, streams[made], &ev[made])) == STASH_OK) made++;
   if (st == STASH_OK) {
     for (size_t i = 0; i < n; i++) {
       stash_ev_queue_t* q = queue_for(e, streams[i]);
@@ -134,20 +138,8 @@ static stash_status_t record_deferred(stash_heap_t* h, stash_events_t* e) {
     for (size_t k = 0; k < q->n; k++) {
       stash_ev_entry_t* x = &q->v[(q->head + k) % q->cap];
       if (!x->deferred) continue;
-      uint64_t ev = 0;
-      if (e->npool) {
-        ev = e->pool[--e->npool];
-      } else {
-        stash_status_t st = _STASH_PCALL(h, event_create, h->device, &ev);
-        if (st != STASH_OK) return _stash_prov_fail(h, st, "create an event");
-        e->nevents++;
-      }
-      stash_status_t st = _STASH_PCALL(h, event_record, h->device, ev, q->stream);
-      if (st != STASH_OK) {
-        e->pool[e->npool++] = ev;
-        return _stash_prov_fail(h, st, "record an event");
-      }
-      x->event = ev;
+      stash_status_t st = record_one(h, e, q->stream, &x->event);
+      if (st != STASH_OK) return st;
       x->deferred = false;
       e->ndeferred--;
     }
