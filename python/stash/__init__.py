@@ -64,11 +64,7 @@ def _heap(device):
     return h
 
 
-def _text(fn, *args):
-    n = fn(*args, None, 0)
-    buf = ctypes.create_string_buffer(n + 1)
-    fn(*args, buf, n + 1)
-    return buf.value.decode()
+_text = _lib.text
 
 
 def memory_stats(device=None):
@@ -218,22 +214,15 @@ def snapshot():
     them; stitched ranges themselves are not listed (their memory would count twice)."""
     segments, settings = [], None
     l = _lib.lib()
-    n = l.stash_default_heap_list(None, 0)
-    heaps = (ctypes.c_void_p * max(n, 1))()
-    n = min(n, l.stash_default_heap_list(heaps, n))
-    devices = [l.stash_heap_device(heaps[i]) for i in range(n)]
+    heaps = _lib.heaps(l.stash_default_heap_list)
+    devices = [l.stash_heap_device(h) for h in heaps]
     traces = [[] for _ in range(max(devices) + 1 if devices else 0)]
-    for i in range(n):
-        h = ctypes.c_void_p(heaps[i])
-        segments += _segments(h, devices[i])
-        traces[devices[i]] = _traces(h)
+    for h, device in zip(heaps, devices):
+        segments += _segments(h, device)
+        traces[device] = _traces(h)
         if settings is None:
             settings = _settings(h)
-    m = l.stash_torch_pool_list(None, 0)  # CUDA graphs' private pools, with their ids
-    pools = (ctypes.c_void_p * max(m, 1))()
-    m = min(m, l.stash_torch_pool_list(pools, m))
-    for i in range(m):
-        h = ctypes.c_void_p(pools[i])
+    for h in _lib.heaps(l.stash_torch_pool_list):  # CUDA graphs' private pools, with their ids
         a, b = ctypes.c_uint64(), ctypes.c_uint64()
         if l.stash_torch_pool_id(h, ctypes.byref(a), ctypes.byref(b)) == 0:
             segments += _segments(h, l.stash_heap_device(h), (a.value, b.value))

@@ -114,6 +114,22 @@ def last_error():
     return lib().stash_last_error().decode("utf-8", "replace")
 
 
+def text(fn, *args):
+    """The string a C function that writes into (buf, n) and returns the length gives."""
+    n = fn(*args, None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    fn(*args, buf, n + 1)
+    return buf.value.decode()
+
+
+def heaps(list_fn):
+    """The heaps a stash_*_list(out, max) function names now, as c_void_p values."""
+    n = list_fn(None, 0)
+    buf = (ctypes.c_void_p * max(n, 1))()
+    n = min(n, list_fn(buf, n))
+    return [ctypes.c_void_p(buf[i]) for i in range(n)]
+
+
 def check(status, what):
     if status != 0:
         name = lib().stash_status_name(status).decode()

@@ -74,16 +74,9 @@ def graph_pools():
     """The CUDA graphs' private pools that exist now: one dict per pool, with its device and
     its heap's reserved_bytes, allocated_bytes and active blocks (current values)."""
     l = _lib.lib()
-    n = l.stash_torch_pool_list(None, 0)
-    heaps = (ctypes.c_void_p * max(n, 1))()
-    n = min(n, l.stash_torch_pool_list(heaps, n))
     out = []
-    for i in range(n):
-        h = ctypes.c_void_p(heaps[i])
-        k = l.stash_heap_stats_json(h, None, 0)
-        buf = ctypes.create_string_buffer(k + 1)
-        l.stash_heap_stats_json(h, buf, k + 1)
-        st = json.loads(buf.value.decode())
+    for h in _lib.heaps(l.stash_torch_pool_list):
+        st = json.loads(_lib.text(l.stash_heap_stats_json, h))
         out.append({"device": l.stash_heap_device(h),
                     "reserved_bytes": st["reserved_bytes.all.current"],
                     "allocated_bytes": st["allocated_bytes.all.current"],
