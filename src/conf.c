@@ -384,12 +384,13 @@ stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text) {
     }
     const struct option_s* opt = find_option(key);
     if (!opt) {
-      st = _stash_error(STASH_ERR_CONF,
-                        "STASH_CONF: unknown key '%s' (keys: policy, max_split_size_mb, "
-                        "max_non_split_rounding_mb, large_segment_size_mb, "
-                        "roundup_power2_divisions, garbage_collection_threshold, "
-                        "per_process_memory_fraction, expandable_segments)",
-                        key);
+      char keys[512]; /* every key of the table, so the message cannot leave one out */
+      size_t used = 0;
+      keys[0] = '\0';
+      for (size_t k = 0; k < sizeof k_options / sizeof k_options[0] && used < sizeof keys; k++)
+        used += (size_t)snprintf(keys + used, sizeof keys - used, "%s%s", k ? ", " : "",
+                                 k_options[k].name);
+      st = _stash_error(STASH_ERR_CONF, "STASH_CONF: unknown key '%s' (keys: %s)", key, keys);
       break;
     }
     if (!tok_is(&lx, i + 1, ":") || i + 2 >= lx.n || tok_is(&lx, i + 2, ",")) {

@@ -325,6 +325,18 @@ TEST(roundup_lists) {
 TEST(bad_inputs) {
   /* grammar */
   EXPECT_BAD("foo:1", "foo", NULL);
+  { /* the message lists every key the parser takes, the two compatibility keys too */
+    static const char* const keys[] = {"policy", "max_split_size_mb", "max_non_split_rounding_mb",
+                                       "large_segment_size_mb", "roundup_power2_divisions",
+                                       "garbage_collection_threshold",
+                                       "per_process_memory_fraction", "expandable_segments",
+                                       "backend", "release_lock_on_cudamalloc"};
+    stash_conf_t c;
+    stash_conf_init(&c);
+    CHECK_EQ(stash_conf_parse(&c, "foo:1"), STASH_ERR_CONF);
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+      CHECK_STR_CONTAINS(stash_last_error(), keys[k]);
+  }
   EXPECT_BAD("Max_split_size_mb:100", "Max_split_size_mb", NULL);
   EXPECT_BAD("max_split_size_mb", "max_split_size_mb", NULL);
   EXPECT_BAD("max_split_size_mb:", "max_split_size_mb", NULL);
