@@ -18,10 +18,10 @@ lies where the training process's driver put it (the address of the allocation t
 it), because PyTorch breaks ties between equally sized free blocks by address and a
 training process's cudaMalloc addresses do not follow the fresh-process layout the
 simulated device models otherwise (segments land above earlier ones and in holes of the
-driver's own layout, presumably left by the process's other device memory). Without it, ten
-traces tie differently: final/resnet34_b64 and final/t5_base_b4 reserve 6 and 4 MiB less
-than PyTorch, and eight others (among them holdout/t5_base_b16, later/t5_base_b8 and
-later/resnet34_b128) differ in allocated bytes only.
+driver's own layout, presumably left by the process's other device memory). Without it, 32
+of the 353 traces tie differently (nineteenth session): 10 in reserved bytes (from 54 MiB less
+than PyTorch, sixteenth/convnext_base_b24, to 104 MiB more, ninth/wide_resnet101_2_b48), 22
+in allocated bytes only.
 
   test_fidelity_more.py STASH_REPLAY DATA_DIR
 """
