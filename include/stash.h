@@ -271,6 +271,35 @@ typedef int (*stash_visit_fn)(const stash_segment_info_t* segment,
                               const stash_block_info_t* blocks, void* arg);
 STASH_API stash_status_t stash_heap_visit(stash_heap_t* heap, stash_visit_fn fn, void* arg);
 
+/* Where one pool's reserved bytes are now (small: blocks up to 1 MiB; large: the rest):
+ * reserved = live + rounding + pending_free + lent + holes + ends, each in bytes of the
+ * pool's own segments. A policy:stash stitched range holds no memory of its own - its pages
+ * are the arenas', shown there as lent - so it counts only in lent_live. (Memory the driver
+ * refused access to, held unmapped until empty_cache retries it, is in reserved only.) */
+typedef struct stash_account_s {
+  uint64_t segments;     /* segments holding memory (an arena is one) */
+  uint64_t reserved;     /* their memory */
+  uint64_t live;         /* bytes asked for by the allocations there */
+  uint64_t rounding;     /* bytes those allocations hold beyond what was asked */
+  uint64_t pending_free; /* freed, waiting for the work of other streams that used them */
+  uint64_t lent;         /* policy:stash: pages lent to stitched blocks ... */
+  uint64_t lent_live;    /* ... of which those blocks asked for this much */
+  uint64_t holes, nholes, largest_hole; /* free blocks with memory in use after them */
+  uint64_t ends, nends;  /* free blocks at the end of their segment (an arena's free end) */
+} stash_account_t;
+
+/* Fill *out with the account of one pool of the heap now (from its segments, as
+ * stash_heap_visit sees them). Thread-safe. */
+STASH_API stash_status_t stash_heap_account(stash_heap_t* heap, bool small, stash_account_t* out);
+
+/* The account in words, one line: "large pool: 9480.0 MiB reserved in 1 segment = 7857.4
+ * live + 0.0 rounding + 0.0 pending free + 1000.0 lent to stitched blocks (1000.0 asked for)
+ * + 622.5 in 27 holes (the largest 48.0) + 0.0 free at 0 segment ends" (MiB, one decimal),
+ * into buf (NUL-terminated, truncated to n). Returns the length the full text needs; 0, and
+ * "" written, when the pool holds no memory (no segment). */
+STASH_API size_t stash_account_text(const stash_account_t* account, bool small, char* buf,
+                                    size_t n);
+
 /* Check every invariant of the heap (block chains, free lists, statistics against the
  * blocks, mappings against the provider's pages). STASH_OK, or STASH_ERR_INVALID with the
  * first broken invariant in stash_last_error(). For tests and debugging; O(heap size). */

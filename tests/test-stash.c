@@ -594,6 +594,99 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
   fx_close(&f);
 }
 
+/* stash_heap_account: where each pool's reserved bytes are - live, rounding, pending free,
+ * lent to a stitched block, holes, the free end - adding up to reserved. */
+TEST(the_account_says_where_the_reserved_bytes_are) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1); /* [A 100][B 30][C 100][D 4 + fill 16], all live */
+  stash_account_t a;
+  CHECK_OK(stash_heap_account(f.heap, false, &a));
+  CHECK_EQ(a.segments, 1);
+  CHECK_EQ(a.reserved, 250 * MiB);
+  CHECK_EQ(a.live, 250 * MiB);
+  CHECK_EQ(a.holes + a.ends + a.lent + a.pending_free + a.rounding, 0);
+  fx_free(&f, p[0]);
+  void* x = fx_alloc(&f, 300 * MiB, S1); /* stitched: A's 100 MiB and 200 new */
+  fx_free(&f, p[1]);                      /* a 30 MiB hole ... */
+  void* y = fx_alloc(&f, 5 * MiB, S1);    /* ... whose front 5 MiB wait for S2 */
+  CHECK_OK(stash_heap_record_stream(f.heap, y, S2));
+  fx_free(&f, y);
+  void* z = fx_alloc(&f, 1000, S1); /* the small arena: 1024 bytes for 1000 */
+  CHECK_OK(stash_heap_account(f.heap, false, &a));
+  CHECK_EQ(a.segments, 1); /* the arena; the stitched range holds no memory of its own */
+  CHECK_EQ(a.reserved, 450 * MiB);
+  CHECK_EQ(a.live, 120 * MiB); /* C, D, fill */
+  CHECK_EQ(a.rounding, 0);
+  CHECK_EQ(a.pending_free, 5 * MiB);
+  CHECK_EQ(a.lent, 300 * MiB);
+  CHECK_EQ(a.lent_live, 300 * MiB);
+  CHECK_EQ(a.holes, 25 * MiB);
+  CHECK_EQ(a.nholes, 1);
+  CHECK_EQ(a.largest_hole, 25 * MiB);
+  CHECK_EQ(a.ends, 0); /* the arena ends in x's new memory */
+  CHECK_EQ(a.nends, 0);
+  CHECK_EQ(a.live + a.rounding + a.pending_free + a.lent + a.holes + a.ends, a.reserved);
+  char text[512];
+  size_t need = stash_account_text(&a, false, text, sizeof text);
+  CHECK_STR_EQ(text,
+               "large pool: 450.0 MiB reserved in 1 segment = 120.0 live + 0.0 rounding + 5.0 "
+               "pending free + 300.0 lent to stitched blocks (300.0 asked for) + 25.0 in 1 hole "
+               "(the largest 25.0) + 0.0 free at 0 segment ends");
+  CHECK_EQ(need, strlen(text));
+  char small_buf[16];
+  CHECK_EQ(stash_account_text(&a, false, small_buf, sizeof small_buf), need); /* truncated */
+  CHECK_EQ(strlen(small_buf), sizeof small_buf - 1);
+  stash_account_t sm;
+  CHECK_OK(stash_heap_account(f.heap, true, &sm));
+  CHECK_EQ(sm.segments, 1);
+  CHECK_EQ(sm.live, 1000);
+  CHECK_EQ(sm.rounding, 24);
+  CHECK_EQ(sm.lent + sm.pending_free, 0);
+  CHECK_EQ(sm.live + sm.rounding + sm.holes + sm.ends, sm.reserved);
+  CHECK(sm.ends > 0 && sm.nends == 1); /* the small arena's free end */
+  /* bad input: an error, nothing written */
+  stash_account_t keep = a;
+  CHECK_EQ(stash_heap_account(NULL, false, &a), STASH_ERR_INVALID);
+  CHECK_EQ(stash_heap_account(f.heap, false, NULL), STASH_ERR_INVALID);
+  CHECK(memcmp(&keep, &a, sizeof a) == 0);
+  stash_account_t none;
+  memset(&none, 0, sizeof none);
+  CHECK_EQ(stash_account_text(&none, true, text, sizeof text), 0);
+  CHECK_STR_EQ(text, "");
+  CHECK_EQ(stash_account_text(NULL, true, text, sizeof text), 0);
+  CHECK_EQ(stash_account_text(&a, true, NULL, 0), need); /* only the length: "small" for "large" */
+  fx_free(&f, x);
+  fx_free(&f, z);
+  fx_free(&f, fill);
+  for (int i = 2; i < 4; i++) fx_free(&f, p[i]);
+  fx_close(&f);
+}
+
+/* policy:pytorch: its segments, each with a free end or none. */
+TEST(the_account_of_policy_pytorch_adds_up_per_segment) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:pytorch", 0)) return;
+  void* a = fx_alloc(&f, 3 * MiB, S1);  /* a 20 MiB segment: 3 live, 17 free at its end */
+  void* b = fx_alloc(&f, 30 * MiB, S1); /* a 30 MiB segment of its own */
+  void* c = fx_alloc(&f, 2 * MiB, S1);  /* after a in the first segment */
+  fx_free(&f, a);                       /* a hole before c */
+  stash_account_t acc;
+  CHECK_OK(stash_heap_account(f.heap, false, &acc));
+  CHECK_EQ(acc.segments, 2);
+  CHECK_EQ(acc.reserved, 50 * MiB);
+  CHECK_EQ(acc.live, 32 * MiB);
+  CHECK_EQ(acc.holes, 3 * MiB);
+  CHECK_EQ(acc.nholes, 1);
+  CHECK_EQ(acc.ends, 15 * MiB);
+  CHECK_EQ(acc.nends, 1);
+  CHECK_EQ(acc.lent + acc.lent_live + acc.pending_free + acc.rounding, 0);
+  fx_free(&f, b);
+  fx_free(&f, c);
+  fx_close(&f);
+}
+
 /* New memory made for a stitched range is mapped at the range only: at its place in the arena
  * only once the arena hands out a block on it. */
 TEST(stitch_memory_is_mapped_in_the_arena_on_first_use) {
@@ -1663,6 +1756,8 @@ TEST(random_operations_keep_the_heap_consistent) {
 
 int main(void) {
   RUN(small_and_large_arenas);
+  RUN(the_account_says_where_the_reserved_bytes_are);
+  RUN(the_account_of_policy_pytorch_adds_up_per_segment);
   RUN(small_arena_grows_by_2_MiB_doubling_when_growth_is_frequent);
   RUN(best_fit_smallest_then_lowest);
   RUN(freed_neighbours_merge);

@@ -150,6 +150,34 @@ def main():
         if len(stash.memory_summary(abbreviated=True)) >= len(t): fail("abbreviated")
     """)
 
+    case("memory_account and explain say where the reserved bytes are", """
+        q = L.stash_torch_malloc(1000, 0, None)       # a 1024-byte block: the small arena
+        p = L.stash_torch_malloc(3 * MiB, 0, None)    # the large arena grows by 6 MiB
+        acc = stash.memory_account()
+        big, small = acc["large_pool"], acc["small_pool"]
+        eq(big["reserved"], 6 * MiB, "large reserved")
+        eq(big["live"], 3 * MiB, "large live")
+        eq((big["ends"], big["nends"], big["holes"]), (3 * MiB, 1, 0), "large free end")
+        eq((small["live"], small["rounding"]), (1000, 24), "small live and rounding")
+        for pool in (big, small):
+            eq(sum(pool[k] for k in ("live", "rounding", "pending_free", "lent", "holes", "ends")),
+               pool["reserved"], "the terms add up")
+        eq(stash.explain().splitlines()[1],
+           "large pool: 6.0 MiB reserved in 1 segment = 3.0 live + 0.0 rounding + 0.0 pending "
+           "free + 0.0 lent to stitched blocks (0.0 asked for) + 0.0 in 0 holes (the largest "
+           "0.0) + 3.0 free at 1 segment end", "explain")
+        L.stash_torch_free(p, 0, 0, None)
+        L.stash_torch_free(q, 0, 0, None)
+        stash.empty_cache()
+        eq(stash.explain(), "", "no memory held: nothing to say")
+        try:
+            stash.memory_account(5)
+        except RuntimeError as e:
+            if "device 5" not in str(e): fail("message: %s" % e)
+        else:
+            fail("no error for device 5")
+    """)
+
     case("record_memory_history and the ring buffer", """
         stash.record_memory_history(max_entries=5)
         ps = [L.stash_torch_malloc(k * MiB + 1, 0, None) for k in range(1, 4)]

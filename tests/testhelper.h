@@ -50,6 +50,16 @@ static const char* th_current = "";
     }                                                                                      \
   } while (0)
 
+#define CHECK_STR_EQ(got, want)                                                            \
+  do {                                                                                     \
+    const char* g_ = (got);                                                                \
+    if (!g_ || strcmp(g_, (want)) != 0) {                                                  \
+      th_failures++;                                                                       \
+      fprintf(stderr, "%s:%d: [%s] '%s' is not '%s'\n", __FILE__, __LINE__, th_current,    \
+              g_ ? g_ : "(null)", (want));                                                 \
+    }                                                                                      \
+  } while (0)
+
 #define CHECK_STR_CONTAINS(hay, needle)                                                    \
   do {                                                                                     \
     const char* h_ = (hay);                                                                \

@@ -184,72 +184,22 @@ static void take_layout(stash_heap_t* heap, replay_result_t* out, uint64_t event
     layout_free(c.v, c.n);
     return;
   }
+  stash_account_t acc[2];
+  if (stash_heap_account(heap, true, &acc[0]) != STASH_OK ||
+      stash_heap_account(heap, false, &acc[1]) != STASH_OK) {
+    layout_free(c.v, c.n);
+    return;
+  }
   layout_free(out->layout, out->nlayout);
   out->layout = c.v;
   out->nlayout = c.n;
   out->layout_event = event;
-}
-
-void replay_peak_account(const replay_result_t* r, bool small, replay_account_t* out) {
-  memset(out, 0, sizeof *out);
-  for (size_t i = 0; i < r->nlayout; i++) {
-    const replay_segment_t* s = &r->layout[i];
-    if (s->small != small) continue;
-    if (s->stitched) { /* its block lives on memory the arenas show as lent */
-      for (size_t k = 0; k < s->nblocks; k++)
-        if (s->blocks[k].state == STASH_BLOCK_ALLOCATED) out->lent_live += s->blocks[k].requested;
-      continue;
-    }
-    out->segments++;
-    out->reserved += s->mapped;
-    size_t last = s->nblocks; /* the last block with memory behind it */
-    for (size_t k = s->nblocks; k-- > 0;)
-      if (s->blocks[k].state != STASH_BLOCK_UNMAPPED) {
-        last = k;
-        break;
-      }
-    for (size_t k = 0; k < s->nblocks; k++) {
-      const replay_block_t* b = &s->blocks[k];
-      switch (b->state) {
-        case STASH_BLOCK_ALLOCATED:
-          out->live += b->requested;
-          out->rounding += b->size - b->requested;
-          break;
-        case STASH_BLOCK_PENDING_FREE: out->pending += b->size; break;
-        case STASH_BLOCK_LENT: out->lent += b->size; break;
-        case STASH_BLOCK_FREE:
-          if (k == last) {
-            out->ends += b->size;
-            out->nends++;
-          } else {
-            out->holes += b->size;
-            out->nholes++;
-            if (b->size > out->largest_hole) out->largest_hole = b->size;
-          }
-          break;
-        default: break; /* unmapped: no memory */
-      }
-    }
-  }
+  memcpy(out->peak_account, acc, sizeof acc);
 }
 
 bool replay_peak_text(const replay_result_t* r, bool small, char* buf, size_t size) {
-  replay_account_t acc;
-  replay_peak_account(r, small, &acc);
-  if (!acc.segments) return false;
-  const replay_account_t* a = &acc;
-#define M(x) ((double)(x) / 1048576.0)
-#define S(n) (unsigned long long)(n), (n) == 1 ? "" : "s"
-  snprintf(buf, size,
-           "%s pool: %.1f MiB reserved in %llu segment%s = %.1f live + %.1f rounding + %.1f "
-           "pending free + %.1f lent to stitched blocks (%.1f asked for) + %.1f in %llu hole%s "
-           "(the largest %.1f) + %.1f free at %llu segment end%s",
-           small ? "small" : "large", M(a->reserved), S(a->segments), M(a->live),
-           M(a->rounding), M(a->pending), M(a->lent), M(a->lent_live), M(a->holes),
-           S(a->nholes), M(a->largest_hole), M(a->ends), S(a->nends));
-#undef S
-#undef M
-  return true;
+  if (!r->layout) return false;
+  return stash_account_text(&r->peak_account[small ? 0 : 1], small, buf, size) > 0;
 }
 
 void replay_result_free(replay_result_t* r) {

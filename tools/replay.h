@@ -47,6 +47,7 @@ typedef struct replay_result_s {
   struct replay_segment_s* layout;
   size_t nlayout;
   uint64_t layout_event;         /* the event after which it was taken */
+  stash_account_t peak_account[2]; /* then, stash_heap_account of each pool: [0] small */
 } replay_result_t;
 
 typedef struct replay_block_s {
@@ -76,7 +77,7 @@ typedef struct replay_opts_s {
   bool trace_addresses;
   /* If set: one line here for every allocation that made reserved bytes grow (or ran out of
    * memory), with the free memory of its pool just before it - why it did not fit. (The
-   * caller prints where the memory was at the peak: replay_peak_account.) */
+   * caller prints where the memory was at the peak: replay_peak_text.) */
   FILE* explain;
   /* Called now and then with the events done so far (e.g. a progress bar). */
   void (*progress)(uint64_t done, uint64_t total, void* arg);
@@ -93,25 +94,10 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
 /* Free what replay_run allocated in r (series, layout). */
 void replay_result_free(replay_result_t* r);
 
-/* Where one pool's reserved bytes were when reserved first reached its peak (r's layout:
- * replay with opts.layout or opts.explain). reserved = live + rounding + pending + lent +
- * holes + ends, every term in bytes of the pool's own segments (a policy:stash stitched
- * range's memory is its arenas', shown there as lent). */
-typedef struct replay_account_s {
-  uint64_t segments;  /* segments holding memory (not stitched ranges) */
-  uint64_t reserved;  /* their memory */
-  uint64_t live;      /* bytes asked for by the blocks allocated there */
-  uint64_t rounding;  /* what those blocks hold beyond what was asked */
-  uint64_t pending;   /* freed blocks waiting for other streams' work */
-  uint64_t lent;      /* policy:stash: lent to stitched blocks, */
-  uint64_t lent_live; /* ... of which those blocks asked for this much */
-  uint64_t holes, nholes, largest_hole; /* free blocks with memory in use above them */
-  uint64_t ends, nends; /* free blocks at the end of their segment (an arena's free end) */
-} replay_account_t;
-void replay_peak_account(const replay_result_t* r, bool small, replay_account_t* out);
-/* The same account in words, for --explain and the HTML page: "large pool: 90.0 MiB reserved
- * in 3 segments = 83.5 live + ... + 0.0 free at 0 segment ends" (MiB, one decimal); false,
- * and nothing written, when the pool held no memory at the peak. */
+/* Where one pool's reserved bytes were when reserved first reached its peak, in words
+ * (stash_account_text of the account taken with the layout: replay with opts.layout or
+ * opts.explain), for --explain and the HTML page; false, and nothing written, when the pool
+ * held no memory at the peak. */
 bool replay_peak_text(const replay_result_t* r, bool small, char* buf, size_t size);
 
 #endif

@@ -21,7 +21,7 @@ from ._lib import last_error
 
 __all__ = ["memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
-           "memory_summary", "empty_cache", "mem_get_info", "record_memory_history", "snapshot",
+           "memory_summary", "memory_account", "explain", "empty_cache", "mem_get_info", "record_memory_history", "snapshot",
            "dump_snapshot", "last_error", "library_path"]
 
 
@@ -101,6 +101,47 @@ def reset_accumulated_memory_stats(device=None):
 def memory_summary(device=None, abbreviated=False):
     """torch.cuda.memory_summary(): the same table."""
     return _text(_lib.lib().stash_heap_summary, _heap(device), bool(abbreviated))
+
+
+class _Account(ctypes.Structure):  # stash_account_t
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "segments", "reserved", "live", "rounding", "pending_free", "lent", "lent_live", "holes",
+        "nholes", "largest_hole", "ends", "nends")]
+
+
+def _account(heap, small):
+    acc = _Account()
+    _lib.check(_lib.lib().stash_heap_account(heap, bool(small), ctypes.byref(acc)),
+               "memory_account")
+    return acc
+
+
+def memory_account(device=None):
+    """Where the device's reserved bytes are now, per pool: {"small_pool": {...},
+    "large_pool": {...}}, each with reserved = live + rounding + pending_free + lent + holes +
+    ends (bytes), and segments, lent_live (what stitched blocks asked for of the lent bytes),
+    nholes, largest_hole and nends (stash_heap_account)."""
+    heap = _heap(device)
+    out = {}
+    for pool, small in (("small_pool", True), ("large_pool", False)):
+        acc = _account(heap, small)
+        out[pool] = {name: getattr(acc, name) for name, _ in _Account._fields_}
+    return out
+
+
+def explain(device=None):
+    """memory_account() in words, one line per pool holding memory, in MiB: "large pool:
+    9480.0 MiB reserved in 1 segment = 7857.4 live + 0.0 rounding + ... + 622.5 in 27 holes
+    (the largest 48.0) + 0.0 free at 0 segment ends" - as stash-replay --explain says it at
+    the peak."""
+    heap = _heap(device)
+    lines = []
+    for small in (True, False):
+        acc = _account(heap, small)
+        line = _text(_lib.lib().stash_account_text, ctypes.byref(acc), small)
+        if line:
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def empty_cache():
