@@ -162,6 +162,7 @@ def main():
         for pool in (big, small):
             eq(sum(pool[k] for k in ("live", "rounding", "pending_free", "lent", "holes", "ends")),
                pool["reserved"], "the terms add up")
+        eq(big["reserved"] + small["reserved"], stash.memory_reserved(), "= memory_reserved()")
         eq(stash.explain().splitlines()[1],
            "large pool: 6.0 MiB reserved in 1 segment = 3.0 live + 0.0 rounding + 0.0 pending "
            "free + 0.0 lent to stitched blocks (0.0 asked for) + 0.0 in 0 holes (the largest "
