@@ -175,8 +175,12 @@ STASH_API stash_status_t stash_heap_capture_begin(stash_heap_t* heap);
 STASH_API stash_status_t stash_heap_capture_end(stash_heap_t* heap);
 
 /* Wait for pending cross-stream frees, then give every fully free cached segment (and
- * every fully free page of expandable segments) back to the provider. Returns a provider
- * error if one refused; what was released stays released. Thread-safe. */
+ * every fully free page of expandable segments) back to the provider. policy:stash gives
+ * back every physical allocation of its arenas that lies wholly in free memory - at an
+ * arena's end, and between live blocks, whose addresses then stay the arena's with no memory
+ * behind them until a request that only they can hold takes them back, in place, before the
+ * arena grows. Returns a provider error if one refused; what was released stays released.
+ * Thread-safe. */
 STASH_API stash_status_t stash_heap_empty_cache(stash_heap_t* heap);
 
 /* Limit the memory this heap may reserve to fraction * the device's total memory

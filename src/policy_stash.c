@@ -209,7 +209,10 @@ typedef struct sb_stitch_s sb_stitch;
  * of exactly its size (the fast path: no search, no split, no merge), up to 1 MiB in all;
  * merged into the arena ("flushed") before the small arena would grow, by empty_cache, and
  * for good once a second stream appears (only a single stream's blocks are cached). */
-enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3, K_CACHED = 4 };
+/* K_VOID: a physical allocation of the arena that empty_cache gave back while blocks lived
+ * on both sides of it: its addresses stay the arena's, with no memory behind them, out of the
+ * free sets until the arena needs memory again (arena_take_back). */
+enum { K_FREE = 0, K_USER = 1, K_PHANTOM = 2, K_DEAD = 3, K_CACHED = 4, K_VOID = 5 };
 #define kCacheSizes (kSmallLimit / kMinBlock) /* the small arena's 2048 block sizes */
 /* cached at most; more would hide free memory from best fit and grow the small arena */
 #define kCacheMaxBytes KNOB_Z(kCacheMaxBytes, (size_t)1 << 20)
@@ -242,7 +245,8 @@ struct sb_block_s {
  * memory made for a stitched range is mapped there only when the arena first hands out a
  * block on it (H_UNMAPPED until then): a range that its pages keep serving, turn after turn,
  * never pays for the second mapping. */
-enum { H_READY = 0, H_UNMAPPED = 1, H_NOACCESS = 2 /* mapped, cuMemSetAccess failed */ };
+enum { H_READY = 0, H_UNMAPPED = 1, H_NOACCESS = 2 /* mapped, cuMemSetAccess failed */,
+       H_RELEASED = 3 /* given back by empty_cache: no memory (a K_VOID block) */ };
 typedef struct sb_handle_s {
   size_t first_page;
   size_t npages;
@@ -264,6 +268,8 @@ struct sb_arena_s {
   sb_block* last;
   size_t grow_bytes;
   size_t nlazy;       /* physical allocations not yet usable at their arena address */
+  size_t released;    /* bytes of H_RELEASED allocations: in mapped, not reserved */
+  size_t nreleased;   /* ... and how many */
   uint32_t* ranged;   /* [page]: how many stitched ranges map that page of the arena */
   size_t cap_ranged;
   size_t nranged;     /* pages of the arena some range maps */
@@ -818,6 +824,16 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     sb_handle* hd = &a->handles[a->nhandles - 1];
     uint64_t start = a->base + hd->first_page * G;
     size_t bytes = hd->npages * G;
+    if (hd->access == H_RELEASED) { /* given back already: only its addresses go */
+      if (!t || t->kind != K_VOID || t->ptr != start) return STASH_OK;
+      unlink_block(t);
+      block_delete(s, t);
+      a->nhandles--;
+      a->nreleased--;
+      a->released -= bytes;
+      a->mapped -= bytes;
+      continue;
+    }
     if (!t || t->kind != K_FREE || t->ptr > start) return STASH_OK;
     if (ranged_pages(a, hd->first_page, hd->npages)) return STASH_OK;
     stash_status_t st = hd->access == H_UNMAPPED ? STASH_OK : PCALL(h, unmap, h->device, start, bytes);
@@ -845,6 +861,138 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     stat_dec(h->stats.reserved_bytes, a->small, bytes);
     h->stats.num_device_free++;
     if (released != STASH_OK) return prov_fail(h, released, "release physical memory");
+  }
+  return STASH_OK;
+}
+
+/* The block starting at ptr, from the address-ordered chain (K_VOID blocks are in no set). */
+static sb_block* block_at(sb_arena* a, uint64_t ptr) {
+  sb_block* b = a->first;
+  while (b && b->ptr < ptr) b = b->next;
+  return b && b->ptr == ptr ? b : NULL;
+}
+
+/* empty_cache's second half: give back every physical allocation of the arena that lies
+ * wholly in a free block - between live blocks, where arena_shrink cannot reach - and that no
+ * stitched range maps. Its addresses stay the arena's, as a K_VOID block (the arena's tiling
+ * and the offsets turn replay remembers do not move); arena_take_back makes memory there
+ * again when the arena would otherwise grow. On a failed unmap the allocation stays, free. */
+static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a) {
+  sb_state* s = S(h);
+  for (size_t i = 0; i < a->nhandles; i++) {
+    sb_handle* hd = &a->handles[i];
+    if (hd->access == H_RELEASED || ranged_pages(a, hd->first_page, hd->npages)) continue;
+    uint64_t start = a->base + hd->first_page * G;
+    size_t bytes = hd->npages * G;
+    sb_block* fb = free_containing(a, start, bytes);
+    if (!fb || fb->tag != 0 || fb == a->last) continue; /* the free end is arena_shrink's */
+    sb_block* pre = start > fb->ptr ? block_new(s) : NULL;
+    sb_block* post = start + bytes < fb->ptr + fb->size ? block_new(s) : NULL;
+    if ((start > fb->ptr && !pre) || (start + bytes < fb->ptr + fb->size && !post)) {
+      if (pre) block_delete(s, pre);
+      if (post) block_delete(s, post);
+      return _stash_error(STASH_ERR_HOST_OOM, "empty_cache: out of host memory");
+    }
+    if (hd->access != H_UNMAPPED) {
+      stash_status_t st = PCALL(h, unmap, h->device, start, bytes);
+      if (st != STASH_OK) {
+        if (pre) block_delete(s, pre);
+        if (post) block_delete(s, post);
+        return prov_fail(h, st, "unmap memory");
+      }
+    }
+    stash_status_t released = PCALL(h, phys_release, h->device, hd->handle);
+    if (released != STASH_OK) _stash_zombies_add(&s->zombies, 0, bytes, hd->handle);
+    if (hd->access != H_READY) a->nlazy--;
+    hd->access = H_RELEASED;
+    hd->handle = 0;
+    sb_block* v = carve(s, fb, start, bytes, pre, post);
+    v->kind = K_VOID;
+    a->released += bytes;
+    a->nreleased++;
+    _stash_history_add(h, STASH_TRACE_SEGMENT_UNMAP, start, bytes, NULL);
+    h->total_reserved -= bytes;
+    stat_dec(h->stats.segment, a->small, 1);
+    stat_dec(h->stats.reserved_bytes, a->small, bytes);
+    h->stats.num_device_free++;
+    if (released != STASH_OK) return prov_fail(h, released, "release physical memory");
+  }
+  return STASH_OK;
+}
+
+static size_t handle_after(const sb_arena* a, size_t p);
+
+/* Memory again behind the allocation empty_cache gave back at v (a K_VOID block), in place.
+ * On a failure (STASH_ERR_OOM when the device is full) its calls are undone and v stays void
+ * - unless the mapping refused access would not go: then it is held as dead memory, as
+ * arena_grow keeps it, and empty_cache retries it. */
+static stash_status_t take_back_one(stash_heap_t* h, sb_arena* a, sb_block* v) {
+  sb_state* s = S(h);
+  sb_handle* hd = &a->handles[handle_after(a, (size_t)(v->ptr - a->base) / G)];
+  uint64_t start = v->ptr;
+  size_t bytes = v->size;
+  if (h->has_limit && h->total_reserved + bytes > h->allowed_max) return STASH_ERR_OOM;
+  uint64_t handle = 0;
+  stash_status_t st = PCALL(h, phys_create, h->device, bytes, &handle);
+  if (st != STASH_OK) return st == STASH_ERR_OOM ? st : prov_fail(h, st, "create physical memory");
+  const char* what = "map physical memory";
+  st = PCALL(h, map, h->device, start, bytes, handle, 0);
+  bool dead = false; /* mapped, refused access, and the mapping would not go */
+  if (st == STASH_OK) {
+    st = PCALL(h, set_access, h->device, start, bytes);
+    what = "set access to mapped memory";
+    if (st != STASH_OK) dead = PCALL(h, unmap, h->device, start, bytes) != STASH_OK;
+  }
+  if (st != STASH_OK && !dead) {
+    if (PCALL(h, phys_release, h->device, handle) != STASH_OK)
+      _stash_zombies_add(&s->zombies, 0, bytes, handle);
+    return prov_fail(h, st, what);
+  }
+  hd->handle = handle;
+  hd->access = H_READY;
+  a->released -= bytes;
+  a->nreleased--;
+  h->total_reserved += bytes;
+  stat_inc(h->stats.segment, a->small, 1);
+  stat_inc(h->stats.reserved_bytes, a->small, bytes);
+  h->stats.num_device_alloc++;
+  _stash_history_add(h, STASH_TRACE_SEGMENT_MAP, start, bytes, NULL);
+  if (dead) {
+    v->kind = K_DEAD;
+    return prov_fail(h, st, what);
+  }
+  v->kind = K_FREE;
+  v->tag = 0;
+  v->epoch = 0;
+  free_coalesce(s, v);
+  return STASH_OK;
+}
+
+/* Before the arena grows at its end for a request of `size` (stream slot `slot`) that no free
+ * block holds: memory again behind what empty_cache gave back (arena_give_back) where that
+ * makes room for it - the smallest run of free and given-back blocks side by side that holds
+ * it, each given-back allocation in the run made again in place. STASH_OK with nothing done
+ * when no run holds it (the arena grows instead); a failure as take_back_one's. */
+static stash_status_t arena_take_back(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot) {
+  sb_block *best = NULL, *run = NULL;
+  size_t best_bytes = SIZE_MAX, bytes = 0;
+  bool has_void = false;
+  for (sb_block* b = a->first;; b = b->next) {
+    bool joins = b && (b->kind == K_VOID || (b->kind == K_FREE && tag_ok(b, slot)));
+    if (joins) {
+      if (!run) run = b, bytes = 0, has_void = false;
+      bytes += b->size;
+      has_void |= b->kind == K_VOID;
+      continue;
+    }
+    if (run && has_void && bytes >= size && bytes < best_bytes) best = run, best_bytes = bytes;
+    run = NULL;
+    if (!b) break;
+  }
+  for (sb_block* b = best; b && (b->kind == K_VOID || b->kind == K_FREE); b = b->next) {
+    if (b->kind != K_VOID) continue;
+    stash_status_t st = take_back_one(h, a, b); /* b, merged with its free neighbours, stays */
+    if (st != STASH_OK) return st;
   }
   return STASH_OK;
 }
@@ -1568,6 +1716,11 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
   }
   if (a->small && a->nranged) b = ranged_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
+  if (!b && a->nreleased) { /* what empty_cache gave back comes back before new memory */
+    stash_status_t r = arena_take_back(h, a, size, slot);
+    if (r != STASH_OK && r != STASH_ERR_OOM) return r;
+    b = best_fit(a, size, slot);
+  }
   if (!b && !a->small && size >= kStitchCoverMin) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
@@ -1815,6 +1968,8 @@ static stash_status_t release_cache(stash_heap_t* h) {
     if (r != STASH_OK && first == STASH_OK) first = r;
     r = arena_shrink(h, &s->arenas[i]);
     if (r != STASH_OK && first == STASH_OK) first = r;
+    r = arena_give_back(h, &s->arenas[i]);
+    if (r != STASH_OK && first == STASH_OK) first = r;
   }
   stash_status_t r = _stash_zombies_release(h, &S(h)->zombies);
   if (r != STASH_OK && first == STASH_OK) first = r;
@@ -1870,7 +2025,9 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
     sb_arena* a = &s->arenas[i];
     for (size_t k = 0; k < a->nhandles;) { /* the mapped runs of allocations */
       size_t j = k;
-      while (j < a->nhandles && a->handles[j].access != H_UNMAPPED) j++;
+      while (j < a->nhandles && a->handles[j].access != H_UNMAPPED &&
+             a->handles[j].access != H_RELEASED)
+        j++;
       if (j > k) {
         uint64_t from = a->base + a->handles[k].first_page * G;
         uint64_t to = a->base + (a->handles[j - 1].first_page + a->handles[j - 1].npages) * G;
@@ -1878,7 +2035,9 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
       }
       k = j < a->nhandles ? j + 1 : j;
     }
-    for (size_t k = 0; k < a->nhandles; k++) KEEP(PCALL(h, phys_release, h->device, a->handles[k].handle));
+    for (size_t k = 0; k < a->nhandles; k++)
+      if (a->handles[k].access != H_RELEASED)
+        KEEP(PCALL(h, phys_release, h->device, a->handles[k].handle));
     free(a->handles);
     free(a->by_size);
   }
@@ -1905,7 +2064,7 @@ static stash_status_t sb_destroy(stash_heap_t* h) {
 static stash_block_state_t state_of(const sb_block* b) {
   if (b->kind == K_FREE || b->kind == K_CACHED) return STASH_BLOCK_FREE;
   if (b->kind == K_PHANTOM) return STASH_BLOCK_LENT;
-  if (b->kind == K_DEAD) return STASH_BLOCK_UNMAPPED; /* no usable memory behind it */
+  if (b->kind == K_DEAD || b->kind == K_VOID) return STASH_BLOCK_UNMAPPED; /* none usable */
   return b->allocated ? STASH_BLOCK_ALLOCATED : STASH_BLOCK_PENDING_FREE;
 }
 
@@ -1941,7 +2100,8 @@ static int visit_one(const sb_seg_ref* r, stash_visit_fn fn, void* arg,
       (*infos)[k] = (stash_block_info_t){(uintptr_t)b->ptr, b->size, b->requested,
                                          state_of(b), b->stream};
     }
-    stash_segment_info_t si = {(uintptr_t)a->base, a->mapped, a->mapped, a->small, true, NULL, n};
+    stash_segment_info_t si = {(uintptr_t)a->base, a->mapped, a->mapped - a->released, a->small,
+                               true, NULL, n};
     return fn(&si, *infos, arg);
   }
   sb_stitch* x = r->stitch;
@@ -2032,17 +2192,30 @@ static stash_status_t sb_check(stash_heap_t* h) {
       nsize += a->by_size[k].count;
     }
     size_t pages = 0;
-    size_t nlazy = 0;
+    size_t nlazy = 0, nreleased = 0, released = 0;
     for (size_t k = 0; k < a->nhandles; k++) {
-      if (a->handles[k].first_page != pages) FAIL("physical allocations do not tile an arena");
-      pages += a->handles[k].npages;
-      nlazy += a->handles[k].access != H_READY;
+      const sb_handle* hd = &a->handles[k];
+      if (hd->first_page != pages) FAIL("physical allocations do not tile an arena");
+      pages += hd->npages;
+      if (hd->access == H_RELEASED) {
+        nreleased++;
+        released += hd->npages * G;
+        const sb_block* v = block_at(a, a->base + hd->first_page * G);
+        if (!v || v->kind != K_VOID || v->size != hd->npages * G)
+          FAIL("memory given back is not one void block at 0x%" PRIx64,
+               a->base + hd->first_page * G);
+      } else {
+        nlazy += hd->access != H_READY;
+      }
     }
     if (nlazy != a->nlazy) FAIL("an arena's count of unmapped allocations is wrong");
+    if (nreleased != a->nreleased || released != a->released)
+      FAIL("an arena's count of memory given back is wrong");
     if (pages * G != a->mapped) FAIL("an arena's mapped size disagrees with its memory");
-    n.segment[t] += (int64_t)a->nhandles;
-    n.reserved_bytes[t] += (int64_t)a->mapped;
-    total += a->mapped;
+    n.segment[t] += (int64_t)(a->nhandles - a->nreleased);
+    n.reserved_bytes[t] += (int64_t)(a->mapped - a->released);
+    total += a->mapped - a->released;
+    size_t nvoid = 0;
     uint64_t expect = a->base;
     for (sb_block* b = a->first; b; b = b->next) {
       if (b->ptr != expect || !b->size || b->arena != a) FAIL("blocks do not tile an arena at 0x%" PRIx64, expect);
@@ -2055,6 +2228,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
         if (free_containing(a, b->ptr, b->size) != b) FAIL("a free block is not in the address tree");
         if (b->prev && b->prev->kind == K_FREE && tags_merge(b->tag, b->prev->tag))
           FAIL("free neighbours not merged at 0x%" PRIx64, b->ptr);
+      } else if (b->kind == K_VOID) {
+        nvoid++; /* each checked above, against its allocation */
       } else if (b->kind == K_DEAD || b->kind == K_CACHED) {
         /* dead: held, not usable, counted in reserved only; cached: checked above */
       } else if (b->kind == K_PHANTOM) {
@@ -2069,6 +2244,7 @@ static stash_status_t sb_check(stash_heap_t* h) {
       }
     }
     if (expect != a->base + a->mapped) FAIL("blocks do not span an arena");
+    if (nvoid != a->nreleased) FAIL("a void block where no memory was given back");
     if (a->last && a->last->next) FAIL("an arena's last block is not last");
     if (nfree != a->by_addr.count || nfree != nsize) FAIL("the free sets are out of date");
   }

@@ -111,6 +111,20 @@ static size_t small_lent(run_t* r) {
   return n;
 }
 
+static int unmapped_cb(const stash_segment_info_t* seg, const stash_block_info_t* b, void* arg) {
+  for (size_t i = 0; i < seg->nblocks; i++)
+    if (b[i].state == STASH_BLOCK_UNMAPPED) *(size_t*)arg += b[i].size;
+  return 0;
+}
+
+/* Bytes of the heap's segments with no memory behind them (policy:stash: what empty_cache
+ * gave back between live blocks). */
+static size_t unmapped(run_t* r) {
+  size_t n = 0;
+  CHECK_OK(stash_heap_visit(r->f.heap, unmapped_cb, &n));
+  return n;
+}
+
 /* The scripted sequence: small and large blocks on two streams, cross-stream frees, reuse,
  * an allocation that only fits after the cache is released, empty_cache with a pending
  * free, and one request that cannot fit. Capacity 200 MiB. */
@@ -223,11 +237,34 @@ static void script_stash_turns(run_t* r) {
   op_empty(r);
 }
 
+/* policy:stash's empty_cache giving back a physical allocation between live blocks, and a
+ * request that fits nowhere else taking it back, in place, before the arena grows. Capacity
+ * 1 GiB. */
+static void script_stash_give_back(run_t* r) {
+  op_alloc(r, 0, 1000, S1); /* a free first: not a model being loaded */
+  op_free(r, 0);
+  op_alloc(r, 1, 40 * MiB, S1); /* A: an allocation of 40 MiB */
+  op_alloc(r, 2, 60 * MiB, S1); /* B, in the next growth (64 MiB: a burst) */
+  op_alloc(r, 3, 1000, S1);     /* a small block, so the small arena stays */
+  op_free(r, 1);
+  op_empty(r); /* A's allocation given back: unmapped, released */
+  if (r->clean) CHECK_EQ(unmapped(r), 40 * MiB);
+  op_alloc(r, 1, 40 * MiB, S1); /* the free end holds 4 MiB: A's allocation made again */
+  if (r->clean) CHECK_EQ(unmapped(r), 0);
+  op_free(r, 1);
+  op_empty(r);
+  op_alloc(r, 4, 950 * MiB, S1); /* the device holds 1 GiB: only with A's memory given back */
+  op_free(r, 4);
+  op_free(r, 2);
+  op_empty(r);
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
   memset(&r, 0, sizeof r);
   bool turns = strstr(conf, "#turns") != NULL; /* the second policy:stash script */
+  bool give_back = strstr(conf, "#give_back") != NULL; /* the third */
   bool stash = strstr(conf, "policy:stash") != NULL;
   char heap_conf[64];
   snprintf(heap_conf, sizeof heap_conf, "%.*s", (int)strcspn(conf, "#"), conf);
@@ -236,12 +273,13 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  if (turns) script_stash_turns(&r);
+  if (give_back) script_stash_give_back(&r);
+  else if (turns) script_stash_turns(&r);
   else if (stash) script_stash(&r);
   else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
-  if (turns && !nth && p == 0) CHECK_EQ(r.failures, 0);
-  if (!turns && !nth && p == 0 && call == STASH_CALL_ANY) {
+  if ((turns || give_back) && !nth && p == 0) CHECK_EQ(r.failures, 0);
+  if (!turns && !give_back && !nth && p == 0 && call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
     bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
@@ -305,6 +343,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
 static const char* const k_confs[] = {
     "policy:stash",
     "policy:stash#turns", /* script_stash_turns (the heap sees "policy:stash") */
+    "policy:stash#give_back", /* script_stash_give_back */
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",

@@ -1444,6 +1444,80 @@ TEST(stitching_respects_streams) {
   fx_close(&f);
 }
 
+/* empty_cache gives back the physical allocations that lie wholly in free memory between
+ * live blocks too, not only the free end; their addresses stay the arena's (no memory behind
+ * them), and they get memory again, in place, before the arena would grow at its end. */
+TEST(empty_cache_gives_back_free_allocations_between_live_blocks) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1); /* [A 100][B 30][C 100][D 4 + fill 16]: one allocation each */
+  fx_free(&f, p[0]);
+  fx_free(&f, p[2]);
+  uint64_t releases = stash_sim_calls(f.sim, STASH_CALL_phys_release);
+  int64_t frees = fx_stats(&f).num_device_free;
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  /* A and C, and the small arena's 2 MiB (its free end: nothing small lives) */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_release), releases + 3);
+  CHECK_EQ(fx_stats(&f).num_device_free, frees + 3);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 50 * (int64_t)MiB); /* B and D's */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 2);
+  stash_sim_usage_t u;
+  stash_sim_usage(f.sim, 0, &u);
+  CHECK_EQ(u.used_bytes, (uint64_t)(50 * MiB));
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 200 * MiB);
+  stash_account_t acc;
+  CHECK_OK(stash_heap_account(f.heap, false, &acc));
+  CHECK_EQ(acc.reserved, 50 * MiB);
+  CHECK_EQ(acc.live, 50 * MiB);
+  CHECK_EQ(acc.holes + acc.ends, 0);
+  CHECK_OK(stash_heap_check(f.heap));
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* again: nothing more to give back */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_release), releases + 3);
+  /* a request that fits nowhere takes back the smallest stretch that holds it (the first
+   * of two alike): A's, in place - no growth at the end */
+  uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
+  void* x = fx_alloc(&f, 100 * MiB, S1);
+  CHECK_EQ(U(x), U(p[0]));
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates + 1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 150 * (int64_t)MiB);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 100 * MiB);
+  void* y = fx_alloc(&f, 100 * MiB, S1); /* then C's */
+  CHECK_EQ(U(y), U(p[2]));
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates + 2);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 0);
+  CHECK_OK(stash_heap_check(f.heap));
+  /* a request no given-back stretch holds grows the arena at its end and leaves them be */
+  fx_free(&f, x);
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* A again */
+  creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
+  void* w = fx_alloc(&f, 120 * MiB, S1);
+  CHECK_EQ(U(w), U(p[3]) + 20 * MiB); /* after D's allocation */
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 100 * MiB);
+  fx_free(&f, w);
+  x = fx_alloc(&f, 100 * MiB, S1); /* memory the arena has comes first: w's, A stays void */
+  CHECK_EQ(U(x), U(p[3]) + 20 * MiB);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 100 * MiB);
+  CHECK_OK(stash_heap_check(f.heap));
+  /* all freed: empty_cache gives everything back, the void's addresses with the rest */
+  fx_free(&f, x);
+  fx_free(&f, y);
+  fx_free(&f, fill);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 0);
+  CHECK_EQ(STAT(&f, segment, ALL, current), 0);
+  stash_sim_usage(f.sim, 0, &u);
+  CHECK_EQ(u.used_bytes, 0);
+  CHECK_EQ(u.mapped_pages, 0);
+  void* z = fx_alloc(&f, 100 * MiB, S1); /* and the arena starts again at its base */
+  CHECK_EQ(U(z), U(p[0]));
+  fx_free(&f, z);
+  fx_close(&f);
+}
+
 TEST(empty_cache_unmaps_free_stitched_ranges) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -1456,9 +1530,10 @@ TEST(empty_cache_unmaps_free_stitched_ranges) {
   CHECK_OK(stash_heap_empty_cache(f.heap));
   CHECK(stash_sim_calls(f.sim, STASH_CALL_unmap) > unmaps);
   CHECK_EQ(find(&f, x).state, -1); /* the range is gone */
-  /* the arena's free end (the 200 MiB of new pieces) is given back; A's stays */
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
-  void* y = fx_alloc(&f, 300 * MiB, S1); /* and stitching works again */
+  /* the arena's free end (the 200 MiB of new pieces) is given back, and A's 100 MiB too,
+   * wholly free between live blocks (its addresses stay the arena's) */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 150 * (int64_t)MiB);
+  void* y = fx_alloc(&f, 300 * MiB, S1); /* A taken back, and stitching works again */
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
   fx_free(&f, y);
   fx_free(&f, fill);
@@ -1770,6 +1845,7 @@ int main(void) {
   RUN(record_stream_holds_the_block);
   RUN(a_capture_records_and_queries_no_event);
   RUN(empty_cache_gives_back_the_free_ends);
+  RUN(empty_cache_gives_back_free_allocations_between_live_blocks);
   RUN(out_of_memory_releases_then_fails_cleanly);
   RUN(a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache);
   RUN(memory_fraction_limits_reserved);
