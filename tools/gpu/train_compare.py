@@ -3,7 +3,7 @@
 losses, peak reserved bytes, step times. Run once per setting, each in a fresh process.
 
   train_compare.py --model resnet50|gpt2 --alloc pytorch|stash --conf CONF [--steps 20]
-                   [--batch N] [--record SNAPSHOT.pickle]
+                   [--batch N] [--record SNAPSHOT.pickle] [--empty-cache]
 
 --record (with --alloc pytorch): record every allocation from the first one on
 (torch.cuda.memory._record_memory_history) and dump PyTorch's snapshot at the end: a trace
@@ -39,6 +39,8 @@ ap.add_argument("--conf", default="")
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--batch", type=int, default=0)
 ap.add_argument("--record", default="")
+ap.add_argument("--empty-cache", action="store_true",
+                help="torch.cuda.empty_cache() after every step (memory given back and taken again)")
 args = ap.parse_args()
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -248,6 +250,9 @@ for step in range(args.steps):
     losses.append(loss.item())  # synchronizes
     times.append(time.perf_counter() - t0)
     gpu_times.append(ev0.elapsed_time(ev1))
+    if args.empty_cache:
+        del loss
+        torch.cuda.empty_cache()
 
 if args.record:
     torch.cuda.memory._dump_snapshot(args.record)
