@@ -997,6 +997,30 @@ static stash_status_t arena_take_back(stash_heap_t* h, sb_arena* a, size_t size,
   return STASH_OK;
 }
 
+/* Turn replay after empty_cache: memory again behind the given-back allocations under
+ * [at, at + size) when free and given-back blocks alone cover it, so that the block goes
+ * where its counterpart went (its turn's layout holds across an empty_cache). STASH_OK with
+ * nothing done otherwise; a failure as take_back_one's. */
+static stash_status_t take_back_range(stash_heap_t* h, sb_arena* a, uint64_t at, size_t size,
+                                      uint32_t slot) {
+  sb_block* b = a->first;
+  while (b && b->ptr + b->size <= at) b = b->next;
+  bool any = false;
+  for (sb_block* c = b; c && c->ptr < at + size; c = c->next) {
+    if (c->kind == K_VOID) any = true;
+    else if (c->kind != K_FREE || !tag_ok(c, slot)) return STASH_OK;
+  }
+  if (!any) return STASH_OK;
+  while (b && b->ptr < at + size) {
+    if (b->kind == K_VOID) {
+      stash_status_t st = take_back_one(h, a, b); /* b, merged with its neighbours, stays */
+      if (st != STASH_OK) return st;
+    }
+    b = b->next;
+  }
+  return STASH_OK;
+}
+
 /* Try again to make dead memory accessible. */
 static stash_status_t arena_revive(stash_heap_t* h, sb_arena* a) {
   sb_state* s = S(h);
@@ -1621,6 +1645,14 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
   if (!turn_hint(s, size, &off)) return NULL;
   uint64_t at = a->base + off;
   sb_block* fb = free_containing(a, at, size);
+  if (!fb && a->nreleased) { /* given back by empty_cache: memory there again */
+    stash_status_t r = take_back_range(h, a, at, size, slot);
+    if (r != STASH_OK && r != STASH_ERR_OOM) {
+      *st = r;
+      return NULL;
+    }
+    fb = free_containing(a, at, size);
+  }
   if (!fb || !tag_ok(fb, slot)) return NULL;
   if ((*st = arena_ready(h, a, at, size)) != STASH_OK) return NULL;
   sb_block* pre = at > fb->ptr ? block_new(s) : NULL;

@@ -1518,6 +1518,45 @@ TEST(empty_cache_gives_back_free_allocations_between_live_blocks) {
   fx_close(&f);
 }
 
+/* A training loop that calls empty_cache after every step: what a step freed between live
+ * blocks is given back, and in the next step turn replay takes it back where the block's
+ * counterpart went - the layout holds (not the arena's free end, best fit's last resort). */
+TEST(turn_replay_takes_back_what_empty_cache_gave_back) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  void* param = fx_alloc(&f, 10 * MiB, S1);
+  void* state = NULL;
+  uint64_t first[3] = {0, 0, 0};
+  int64_t peak = 0;
+  int same = 0, given_back = 0;
+  for (int step = 0; step < 8; step++) {
+    void* x[3];
+    static const size_t mib[3] = {30, 60, 40};
+    for (int i = 0; i < 3; i++) x[i] = fx_alloc(&f, mib[i] * MiB, S1);
+    if (!state) state = fx_alloc(&f, 2 * MiB, S1); /* lives on, after the step's blocks */
+    if (step == 1) {
+      for (int i = 0; i < 3; i++) first[i] = U(x[i]);
+      peak = STAT(&f, reserved_bytes, ALL, peak);
+    }
+    if (step >= 3)
+      for (int i = 0; i < 3; i++) same += U(x[i]) == first[i];
+    for (int i = 0; i < 3; i++) fx_free(&f, x[i]);
+    if (step >= 2) { /* from the third step on, empty_cache after each */
+      CHECK_OK(stash_heap_empty_cache(f.heap));
+      given_back += bytes_in_state(&f, STASH_BLOCK_UNMAPPED) > 0;
+      CHECK_OK(stash_heap_check(f.heap));
+    }
+  }
+  CHECK_EQ(given_back, 6); /* the step's memory, between param and state, went back each time */
+  CHECK_EQ(same, 15);      /* and each block came back to the place it had before */
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, peak), peak); /* so no step needs more */
+  fx_free(&f, state);
+  fx_free(&f, param);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 TEST(empty_cache_unmaps_free_stitched_ranges) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -1846,6 +1885,7 @@ int main(void) {
   RUN(a_capture_records_and_queries_no_event);
   RUN(empty_cache_gives_back_the_free_ends);
   RUN(empty_cache_gives_back_free_allocations_between_live_blocks);
+  RUN(turn_replay_takes_back_what_empty_cache_gave_back);
   RUN(out_of_memory_releases_then_fails_cleanly);
   RUN(a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache);
   RUN(memory_fraction_limits_reserved);

@@ -815,6 +815,21 @@ def test_real_traces_json():
                   "%s: live <= allocated <= reserved: %r" % (t, o))
 
 
+def test_empty_cache_between_steps():
+    # The shared fixed-shape traces are 8 training steps each (data/traces/README.md): one
+    # empty_cache between each two, and one after the last; memory is given back each time.
+    for name in ("resnet50_train.csv.gz", "gpt2_train.csv.gz"):
+        t = os.path.join(DATA, "traces", name)
+        plain, _ = replay_json(t, confs=("policy:stash", PT))
+        emptied, _ = replay_json(t, "--empty-cache-between-steps", confs=("policy:stash", PT))
+        for p, e in zip(plain, emptied):
+            check_eq(p["empty_caches"], 0, "%s %s: no empty_cache unless asked" % (name, p["conf"]))
+            check_eq(e["empty_caches"], 8, "%s %s: one empty_cache per step" % (name, e["conf"]))
+            check_eq(e["peak_live_bytes"], p["peak_live_bytes"], "%s: the same trace" % name)
+            check(e["device_frees"] > p["device_frees"] and e["device_allocs"] > p["device_allocs"],
+                  "%s %s: memory given back and taken again: %r %r" % (name, e["conf"], p, e))
+
+
 def test_default_run():
     rc, out, err = run()
     check_no_crash(rc, out, err)

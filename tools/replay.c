@@ -270,6 +270,8 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   }
   uint64_t half_allocs = 0, half_frees = 0;
   uint64_t live = 0, nlive = 0, layout_peak = 0;
+  uint64_t live_peak = 0; /* --empty-cache-between-steps: live bytes' peak so far ... */
+  bool armed = false;     /* ... and whether they have been over half of it since the last call */
   if (opts->series) {
     out->series_live = malloc((t->nevents ? t->nevents : 1) * sizeof *out->series_live);
     out->series_reserved = malloc((t->nevents ? t->nevents : 1) * sizeof *out->series_reserved);
@@ -329,6 +331,8 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       } else if (ptrs[e->id]) {
         live += e->size;
         nlive++;
+        if (live > live_peak) live_peak = live;
+        if (2 * live > live_peak) armed = true;
       }
     } else if (ptrs[e->id]) {
       st = stash_heap_free(heap, ptrs[e->id]);
@@ -336,6 +340,12 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       ptrs[e->id] = NULL;
       live -= e->size;
       nlive--;
+      if (opts->empty_cache_between_steps && armed && live * 4 < live_peak) {
+        armed = false; /* between two steps */
+        st = stash_heap_empty_cache(heap);
+        if (st != STASH_OK) goto done;
+        out->empty_caches++;
+      }
     }
     if (opts->series || opts->layout || opts->explain) {
       uint64_t res = stash_heap_reserved_bytes(heap);

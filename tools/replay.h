@@ -47,6 +47,7 @@ typedef struct replay_result_s {
   struct replay_segment_s* layout;
   size_t nlayout;
   uint64_t layout_event;         /* the event after which it was taken */
+  uint64_t empty_caches;         /* --empty-cache-between-steps: calls made */
   stash_account_t peak_account[2]; /* then, stash_heap_account of each pool: [0] small */
 } replay_result_t;
 
@@ -75,6 +76,10 @@ typedef struct replay_opts_s {
    * the traced process's own driver layout, so that ties PyTorch breaks by address break
    * the same way. */
   bool trace_addresses;
+  /* Call stash_heap_empty_cache whenever live bytes fall under a quarter of their peak so
+   * far after having been over half of it since the last call: between training steps, as a
+   * program that calls torch.cuda.empty_cache() after each step. */
+  bool empty_cache_between_steps;
   /* If set: one line here for every allocation that made reserved bytes grow (or ran out of
    * memory), with the free memory of its pool just before it - why it did not fit. (The
    * caller prints where the memory was at the peak: replay_peak_text.) */

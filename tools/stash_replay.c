@@ -2,7 +2,8 @@
  * what each configuration reserves.
  *
  *   stash-replay [--conf STR]... [--capacity SIZE] [--json] [--check N]
- *                [--trace-addresses] [--provider sim|cuda] [--device N] [--driver-check]
+ *                [--trace-addresses] [--empty-cache-between-steps] [--provider sim|cuda]
+ *                [--device N] [--driver-check]
  *                [TRACE...]
  *
  * With no trace, it replays the ResNet-50 trace shipped with stash under policy:stash and
@@ -51,6 +52,10 @@ static void usage(FILE* f) {
           "                   traced program got the allocation that made it, if that range is\n"
           "                   free: the traced process's driver layout instead of a fresh\n"
           "                   process's (PyTorch breaks ties between free blocks by address)\n"
+          "  --empty-cache-between-steps  call empty_cache whenever live bytes fall under a\n"
+          "                   quarter of their peak so far, having been over half of it since\n"
+          "                   the last call: between training steps, as a program calling\n"
+          "                   torch.cuda.empty_cache() after each step does\n"
           "  --provider P     sim (default): the simulated device; cuda: a real GPU\n"
           "  --device N       the GPU to replay on, with --provider cuda (default 0)\n"
           "  --driver-check   with cuda: read the driver's memory in use (cuMemGetInfo)\n"
@@ -112,6 +117,7 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          r->peak_reserved_bytes ? (double)r->peak_live_bytes / (double)r->peak_reserved_bytes : 0.0,
          (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees,
          (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event);
+  printf(", \"empty_caches\": %llu", (unsigned long long)r->empty_caches);
   /* The modelled driver time and the provider calls of the second half are counted by the
    * simulated device only: null on a real one (not zero - nothing was counted). */
   if (strcmp(provider, "sim") != 0) {
@@ -301,6 +307,8 @@ int main(int argc, char** argv) {
       json = true;
     } else if (!strcmp(a, "--trace-addresses")) {
       opts.trace_addresses = true;
+    } else if (!strcmp(a, "--empty-cache-between-steps")) {
+      opts.empty_cache_between_steps = true;
     } else if (!strcmp(a, "--driver-check")) {
       opts.driver_check = true;
     } else if (!strcmp(a, "--html") || !strcmp(a, "--series") || !strcmp(a, "--explain")) {
