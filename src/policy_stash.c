@@ -989,7 +989,8 @@ static stash_status_t arena_take_back(stash_heap_t* h, sb_arena* a, size_t size,
     run = NULL;
     if (!b) break;
   }
-  for (sb_block* b = best; b && (b->kind == K_VOID || b->kind == K_FREE); b = b->next) {
+  uint64_t end = best ? best->ptr + best_bytes : 0; /* the run's end: merges do not move it */
+  for (sb_block* b = best; b && b->ptr < end; b = b->next) {
     if (b->kind != K_VOID) continue;
     stash_status_t st = take_back_one(h, a, b); /* b, merged with its free neighbours, stays */
     if (st != STASH_OK) return st;
