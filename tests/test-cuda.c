@@ -375,6 +375,38 @@ static void empty_cache_returns_memory(const char* conf) {
   CHECK_OK(stash_heap_destroy(h));
 }
 
+/* policy:stash gives back a physical allocation between live blocks, and takes it back in
+ * place: the driver's free memory rises by its size, the live block after it keeps its bytes,
+ * and a new block at the same address reads back what was written to it. */
+TEST(empty_cache_stash_between_live_blocks) {
+  stash_heap_t* h = open_heap("policy:stash");
+  if (!h) return;
+  void* q;
+  CHECK_OK(stash_heap_alloc(h, 1000, NULL, &q)); /* a free first: no model being loaded */
+  CHECK_OK(stash_heap_free(h, q));
+  live_t a = filled(h, 200 * MiB, 0x11111111u);
+  live_t b = filled(h, 100 * MiB, 0x22222222u); /* after a, in memory of its own */
+  CHECK_OK(stash_heap_free(h, a.p));
+  size_t f1 = settled_free();
+  int64_t r1 = stats_of(h).reserved_bytes[0].current;
+  CHECK_OK(stash_heap_empty_cache(h));
+  size_t f2 = settled_free();
+  int64_t r2 = stats_of(h).reserved_bytes[0].current;
+  fprintf(stderr, "  between live blocks: reserved %lld -> %lld; driver free +%lld\n",
+          (long long)r1, (long long)r2, (long long)(f2 - f1));
+  CHECK(r1 - r2 >= 200 * (int64_t)MiB); /* a's memory went back (and the small arena's) */
+  CHECK_EQ((int64_t)(f2 - f1), r1 - r2);
+  CHECK(verify(&b));
+  live_t c = filled(h, 200 * MiB, 0x33333333u); /* taken back where a was */
+  CHECK_EQ((uintptr_t)c.p, (uintptr_t)a.p);
+  CHECK(verify(&c));
+  CHECK(verify(&b));
+  CHECK_OK(stash_heap_check(h));
+  CHECK_OK(stash_heap_free(h, c.p));
+  CHECK_OK(stash_heap_free(h, b.p));
+  CHECK_OK(stash_heap_destroy(h));
+}
+
 TEST(empty_cache_stash) { empty_cache_returns_memory("policy:stash"); }
 TEST(empty_cache_plain) { empty_cache_returns_memory("policy:pytorch"); }
 TEST(empty_cache_expandable) {
@@ -403,6 +435,7 @@ int main(void) {
   RUN(empty_cache_stash); /* first: before other tests' frees are in flight */
   RUN(empty_cache_plain);
   RUN(empty_cache_expandable);
+  RUN(empty_cache_stash_between_live_blocks);
   RUN(patterns_stash);
   RUN(patterns_plain);
   RUN(patterns_expandable);
