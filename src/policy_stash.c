@@ -815,6 +815,25 @@ static bool ranged_pages(const sb_arena* a, size_t first, size_t n) {
   return false;
 }
 
+/* Count one physical allocation of `bytes` at va made (true) or given back (false): reserved
+ * bytes, segments, the provider calls, and the history's map / unmap event. */
+static void memory_counted(stash_heap_t* h, const sb_arena* a, uint64_t va, size_t bytes,
+                           bool made) {
+  if (made) {
+    h->total_reserved += bytes;
+    stat_inc(h->stats.segment, a->small, 1);
+    stat_inc(h->stats.reserved_bytes, a->small, bytes);
+    h->stats.num_device_alloc++;
+  } else {
+    h->total_reserved -= bytes;
+    stat_dec(h->stats.segment, a->small, 1);
+    stat_dec(h->stats.reserved_bytes, a->small, bytes);
+    h->stats.num_device_free++;
+  }
+  _stash_history_add(h, made ? STASH_TRACE_SEGMENT_MAP : STASH_TRACE_SEGMENT_UNMAP, va, bytes,
+                     NULL);
+}
+
 /* Give back the physical allocations lying wholly in the free end of an arena (and mapped
  * by no stitched range: one whose unmap failed keeps its memory). */
 static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
@@ -854,12 +873,8 @@ static stash_status_t arena_shrink(stash_heap_t* h, sb_arena* a) {
     }
     a->nhandles--;
     if (hd->access != H_READY) a->nlazy--;
-    _stash_history_add(h, STASH_TRACE_SEGMENT_UNMAP, start, bytes, NULL);
     a->mapped -= bytes;
-    h->total_reserved -= bytes;
-    stat_dec(h->stats.segment, a->small, 1);
-    stat_dec(h->stats.reserved_bytes, a->small, bytes);
-    h->stats.num_device_free++;
+    memory_counted(h, a, start, bytes, false);
     if (released != STASH_OK) return prov_fail(h, released, "release physical memory");
   }
   return STASH_OK;
@@ -910,11 +925,7 @@ static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a) {
     v->kind = K_VOID;
     a->released += bytes;
     a->nreleased++;
-    _stash_history_add(h, STASH_TRACE_SEGMENT_UNMAP, start, bytes, NULL);
-    h->total_reserved -= bytes;
-    stat_dec(h->stats.segment, a->small, 1);
-    stat_dec(h->stats.reserved_bytes, a->small, bytes);
-    h->stats.num_device_free++;
+    memory_counted(h, a, start, bytes, false);
     if (released != STASH_OK) return prov_fail(h, released, "release physical memory");
   }
   return STASH_OK;
@@ -952,11 +963,7 @@ static stash_status_t take_back_one(stash_heap_t* h, sb_arena* a, sb_block* v) {
   hd->access = H_READY;
   a->released -= bytes;
   a->nreleased--;
-  h->total_reserved += bytes;
-  stat_inc(h->stats.segment, a->small, 1);
-  stat_inc(h->stats.reserved_bytes, a->small, bytes);
-  h->stats.num_device_alloc++;
-  _stash_history_add(h, STASH_TRACE_SEGMENT_MAP, start, bytes, NULL);
+  memory_counted(h, a, start, bytes, true);
   if (dead) {
     v->kind = K_DEAD;
     return prov_fail(h, st, what);
