@@ -549,6 +549,21 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
   return b;
 }
 
+/* The spare metadata carve needs to take [at, at + size) out of free block b: a block for the
+ * piece before it and one for the piece after, where there is such a piece (else NULL). False,
+ * with none kept, when the host is out of memory. */
+static bool carve_spares(sb_state* s, const sb_block* b, uint64_t at, size_t size,
+                         sb_block** pre, sb_block** post) {
+  *pre = at > b->ptr ? block_new(s) : NULL;
+  *post = at + size < b->ptr + b->size ? block_new(s) : NULL;
+  if ((at > b->ptr && !*pre) || (at + size < b->ptr + b->size && !*post)) {
+    if (*pre) block_delete(s, *pre);
+    if (*post) block_delete(s, *post);
+    return false;
+  }
+  return true;
+}
+
 /* ---- Streams and their epochs --------------------------------------------------------------- */
 
 static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) {
@@ -901,13 +916,9 @@ static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a) {
     size_t bytes = hd->npages * G;
     sb_block* fb = free_containing(a, start, bytes);
     if (!fb || fb->tag != 0 || fb == a->last) continue; /* the free end is arena_shrink's */
-    sb_block* pre = start > fb->ptr ? block_new(s) : NULL;
-    sb_block* post = start + bytes < fb->ptr + fb->size ? block_new(s) : NULL;
-    if ((start > fb->ptr && !pre) || (start + bytes < fb->ptr + fb->size && !post)) {
-      if (pre) block_delete(s, pre);
-      if (post) block_delete(s, post);
+    sb_block *pre, *post;
+    if (!carve_spares(s, fb, start, bytes, &pre, &post))
       return _stash_error(STASH_ERR_HOST_OOM, "empty_cache: out of host memory");
-    }
     if (hd->access != H_UNMAPPED) {
       stash_status_t st = PCALL(h, unmap, h->device, start, bytes);
       if (st != STASH_OK) {
@@ -1663,11 +1674,8 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
   }
   if (!fb || !tag_ok(fb, slot)) return NULL;
   if ((*st = arena_ready(h, a, at, size)) != STASH_OK) return NULL;
-  sb_block* pre = at > fb->ptr ? block_new(s) : NULL;
-  sb_block* post = at + size < fb->ptr + fb->size ? block_new(s) : NULL;
-  if ((at > fb->ptr && !pre) || (at + size < fb->ptr + fb->size && !post)) {
-    if (pre) block_delete(s, pre);
-    if (post) block_delete(s, post);
+  sb_block *pre, *post;
+  if (!carve_spares(s, fb, at, size, &pre, &post)) {
     *st = _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     return NULL;
   }
