@@ -141,7 +141,7 @@ static int layout_segment(const stash_segment_info_t* seg, const stash_block_inf
     c->cap = cap;
   }
   replay_segment_t* s = &c->v[c->n];
-  *s = (replay_segment_t){seg->address, seg->total_size, seg->mapped_size, seg->is_small,
+  *s = (replay_segment_t){seg->address, seg->total_size, seg->is_small,
                           seg->is_expandable && seg->mapped_size == 0 && seg->total_size > 0,
                           NULL, 0};
   s->blocks = malloc((seg->nblocks ? seg->nblocks : 1) * sizeof *s->blocks);
@@ -150,7 +150,7 @@ static int layout_segment(const stash_segment_info_t* seg, const stash_block_inf
     return 1;
   }
   for (size_t i = 0; i < seg->nblocks; i++)
-    s->blocks[i] = (replay_block_t){b[i].address, b[i].size, b[i].requested_size, (int)b[i].state};
+    s->blocks[i] = (replay_block_t){b[i].address, b[i].size, (int)b[i].state};
   s->nblocks = seg->nblocks;
   c->n++;
   return 0;

@@ -52,12 +52,12 @@ typedef struct replay_result_s {
 } replay_result_t;
 
 typedef struct replay_block_s {
-  uint64_t address, size, requested;
+  uint64_t address, size;
   int state; /* stash_block_state_t */
 } replay_block_t;
 
 typedef struct replay_segment_s {
-  uint64_t address, size, mapped;
+  uint64_t address, size;
   bool small, stitched; /* stitched: a policy:stash range over memory shown elsewhere */
   replay_block_t* blocks;
   size_t nblocks;
