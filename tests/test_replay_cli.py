@@ -469,6 +469,41 @@ def test_output_that_is_a_trace_is_refused():
     check_eq(rc, 0, "exit code with a fresh --explain file: %s" % err)
 
 
+def test_output_that_names_another_trace_or_an_option_is_refused():
+    # "--explain TRACE" with no other trace replays the default trace and, before this check,
+    # wrote the explanation over TRACE; "--explain --conf ..." wrote a file named "--conf".
+    # Each is refused before anything is written, and every file is left as it was.
+    with open(os.path.join(DATA, "traces", "resnet50_train.csv.gz"), "rb") as f:
+        gz = f.read()
+    csv = "Thread,Time,Action,Pointer,Size,Stream\n0,0,allocate,0x1000,512,0x0\n"
+    import pickle as _pk
+    traces = {"lone.csv.gz": gz, "lone.csv": csv.encode(),
+              "lone.pickle": _pk.dumps({"device_traces": []}, protocol=4)}
+    cwd = os.getcwd()
+    os.chdir(TMP)
+    try:
+        paths = {}
+        for name, data in traces.items():
+            path = paths[name] = write(name, data=data)
+            for opt in ("--explain", "--html"):
+                rc, out, err = run(opt, path, "--conf", PT)
+                check_eq(rc, 2, "exit code of %s %s" % (opt, name))
+                check("%s '%s' is a trace file" % (opt, path) in err, "message: %r" % err)
+                with open(path, "rb") as f:
+                    check(f.read() == data, "%s %s changed the file" % (opt, name))
+        for opt in ("--explain", "--html"):
+            rc, out, err = run(opt, "--conf", PT, os.path.join(DATA, "traces", "resnet50_train.csv.gz"))
+            check_eq(rc, 2, "exit code of %s --conf" % opt)
+            check("%s '--conf' looks like an option" % opt in err, "message: %r" % err)
+            check(not os.path.exists(os.path.join(TMP, "--conf")), "%s wrote a file '--conf'" % opt)
+        # an earlier explanation or page is not a trace: writing it again is fine
+        out_path = write("again.txt", data=b"at the peak ...\n")
+        rc, out, err = run("--explain", out_path, "--conf", PT, paths["lone.csv"])
+        check_eq(rc, 0, "exit code rewriting an earlier explanation: %s" % err)
+    finally:
+        os.chdir(cwd)
+
+
 # ---- bad inputs --------------------------------------------------------------------------
 
 

@@ -70,7 +70,8 @@ static void usage(FILE* f) {
           "                   then, per pool, where the reserved bytes were when they first\n"
           "                   reached their peak: live, rounding, pending free, lent to\n"
           "                   stitched blocks, holes, free at segment ends ('-': stderr)\n"
-          "                   (an --html or --explain FILE that is one of the traces, or\n"
+          "                   (an --html or --explain FILE that is one of the traces, an\n"
+          "                   existing trace file, a name beginning with '-', or\n"
           "                   both the same file, is refused: nothing is written)\n"
           "  -h, --help       this text\n"
           "\n"
@@ -270,11 +271,29 @@ static bool same_file(const char* a, const char* b) {
   return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
-/* An output path (--html, --explain) that is one of the traces, or the other output: refused
- * before anything is written, so that a slip of the argument order loses no trace. */
+/* Whether an existing file begins as a trace does: gzip's magic, a pickle's protocol byte,
+ * or RMM's CSV header. stash-replay writes none of these. */
+static bool looks_like_a_trace(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return false;
+  unsigned char b[8] = {0};
+  size_t n = fread(b, 1, sizeof b, f);
+  fclose(f);
+  return (n >= 2 && b[0] == 0x1f && b[1] == 0x8b) || (n >= 2 && b[0] == 0x80 && b[1] >= 2) ||
+         (n >= 7 && !memcmp(b, "Thread,", 7));
+}
+
+/* An output path (--html, --explain) that is one of the traces, or the other output, or an
+ * existing trace file, or that looks like an option: refused before anything is written, so
+ * that a slip of the argument order ("--explain TRACE", the file forgotten) loses no trace. */
 static bool output_clashes(const char* what, const char* path, const char* other_what,
                            const char* other, const char* const* traces, int ntraces) {
   if (!path || !strcmp(path, "-")) return false;
+  if (path[0] == '-') {
+    fprintf(stderr, "stash-replay: %s '%s' looks like an option, not a file to write "
+                    "(%s FILE, or %s - for stderr)\n", what, path, what, what);
+    return true;
+  }
   for (int i = 0; i < ntraces; i++) {
     if (!strcmp(path, traces[i]) || same_file(path, traces[i])) {
       fprintf(stderr, "stash-replay: %s '%s' is also a trace to replay: it would be overwritten "
@@ -284,6 +303,12 @@ static bool output_clashes(const char* what, const char* path, const char* other
   }
   if (other && (!strcmp(path, other) || same_file(path, other))) {
     fprintf(stderr, "stash-replay: %s and %s both write '%s'\n", what, other_what, path);
+    return true;
+  }
+  if (looks_like_a_trace(path)) {
+    fprintf(stderr, "stash-replay: %s '%s' is a trace file: it would be overwritten "
+                    "(%s FILE TRACE...; remove the file first to reuse its name)\n", what, path,
+            what);
     return true;
   }
   return false;
