@@ -10,7 +10,8 @@ ViT; torchvision ResNet-50 and ResNet-101) in data/traces/hf (tools/gpu/run_reco
 each in data/traces/final and data/traces/blind, 26 each in data/traces/post and
 data/traces/unseen, 24 in data/traces/ninth and 28 each in data/traces/eleventh,
 data/traces/twelfth, data/traces/thirteenth and data/traces/fourteenth, 13 in
-data/traces/fifteenth and 24 in data/traces/sixteenth, recorded the same way.
+data/traces/fifteenth, 24 in data/traces/sixteenth and 25 in data/traces/seventeenth, recorded
+the same way.
 Replayed under policy:pytorch, each must give exactly the max_memory_reserved() and
 max_memory_allocated() that the training run itself reported (runs.jsonl; its runs under
 other settings are not replayed here). The replays use --trace-addresses: each new segment
@@ -18,10 +19,10 @@ lies where the training process's driver put it (the address of the allocation t
 it), because PyTorch breaks ties between equally sized free blocks by address and a
 training process's cudaMalloc addresses do not follow the fresh-process layout the
 simulated device models otherwise (segments land above earlier ones and in holes of the
-driver's own layout, presumably left by the process's other device memory). Without it, 32
-of the 353 traces tie differently (nineteenth session): 10 in reserved bytes (from 54 MiB less
-than PyTorch, sixteenth/convnext_base_b24, to 104 MiB more, ninth/wide_resnet101_2_b48), 22
-in allocated bytes only.
+driver's own layout, presumably left by the process's other device memory). Without it, 34
+of the 378 traces tie differently (nineteenth and twentieth sessions): 10 in reserved bytes
+(from 54 MiB less than PyTorch, sixteenth/convnext_base_b24, to 104 MiB more,
+ninth/wide_resnet101_2_b48), 24 in allocated bytes only.
 
   test_fidelity_more.py STASH_REPLAY DATA_DIR
 """

@@ -17,7 +17,7 @@ Every setting after A is compared with A.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
 data/traces/more and more2), hf, holdout, fresh, later, final, blind, post, unseen, ninth,
-eleventh, twelfth, thirteenth, fourteenth, fifteenth, sixteenth; default: all. Anchors, as
+eleventh, twelfth, thirteenth, fourteenth, fifteenth, sixteenth, seventeenth; default: all. Anchors, as
 tools/targets_table.py takes them: PyTorch's four settings replayed by policy:pytorch (which
 reproduces the recorded runs) and cudaMallocAsync's recorded peak.
 
@@ -39,7 +39,8 @@ from targets_table import CONFS as TABLE_CONFS, async_peaks as read_async_peaks,
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DATA = os.path.join(ROOT, "data", "traces")
 SETS = ["shared", "more", "hf", "holdout", "fresh", "later", "final", "blind", "post", "unseen",
-        "ninth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth"]
+        "ninth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth",
+        "seventeenth"]
 SHARED = ["resnet50_train", "gpt2_train", "bert_varlen_train", "gpt2_sidestream_train"]
 ANCHOR_CONFS = TABLE_CONFS[1:]  # PyTorch's four settings, the default first
 

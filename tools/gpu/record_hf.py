@@ -3,8 +3,8 @@
 The four shared traces came from ../shared/tools/device/record_traces.py: Hugging Face and
 torchvision models with random weights, bf16 autocast, and the loop forward, backward,
 optimizer step, zero_grad(set_to_none=True). This script runs that same loop on other
-models and batch sizes (nine sets: data/traces/hf, holdout, fresh, later, final, blind,
-post, unseen and ninth), so that
+models and batch sizes (the sets data/traces/hf, holdout, fresh, later, final, blind, post,
+unseen, ninth and eleventh to seventeenth), so that
 policy:stash can be measured on traces of the kind it will be judged on, not only on ones
 recorded with another loop order (tools/gpu/train_compare.py frees the gradients after the
 next forward pass, which keeps them live at its peak).
@@ -555,6 +555,35 @@ WORKLOADS = {
     "resnet18_b96": lambda: vision("resnet18", 96),
     "roberta_b6": lambda: roberta(6, 512),
     "opt125m_b3": lambda: opt125m(3),
+    # A seventeenth set, recorded in the twentieth session: no policy:stash rule changed since
+    # the eighteenth session, so these measure the rules as they stand on traces none of them
+    # was chosen on (data/traces/seventeenth): new batch sizes of the families recorded before,
+    # one of each, picked before any was replayed.
+    "gpt2_b24": lambda: gpt2(24),
+    "llama_b21": lambda: llama(21),
+    "resnet50_b72": lambda: vision("resnet50", 72),
+    "vit_b60": lambda: vit(60),
+    "t5_b50": lambda: t5(50, 512, 128),
+    "bert_b22": lambda: bert_mlm(22, 512),
+    "convnext_tiny_b56": lambda: vision("convnext_tiny", 56),
+    "swin_t_b72": lambda: vision("swin_t", 72),
+    "opt125m_b7": lambda: opt125m(7),
+    "densenet121_b112": lambda: vision("densenet121", 112),
+    "roberta_b14": lambda: roberta(14, 512),
+    "vgg11_b48": lambda: vision("vgg11", 48),
+    "t5_base_b9": lambda: t5_base(9),
+    "efficientnet_b2_b48": lambda: vision("efficientnet_b2", 48),
+    "vit_large_b28": lambda: vit_large(28),
+    "mobilenet_v2_b224": lambda: vision("mobilenet_v2", 224),
+    "gpt2_medium_b14": lambda: gpt2_medium(14),
+    "resnet101_b56": lambda: vision("resnet101", 56),
+    "bert_large_b5": lambda: bert_large(5),
+    "regnet_y_1_6gf_b80": lambda: vision("regnet_y_1_6gf", 80),
+    "opt350m_b12": lambda: opt350m(12),
+    "swin_s_b56": lambda: vision("swin_s", 56),
+    "resnet34_b112": lambda: vision("resnet34", 112),
+    "wide_resnet50_2_b56": lambda: vision("wide_resnet50_2", 56),
+    "gpt2_large_b4": lambda: gpt2_large(4),
 }
 
 
