@@ -17,9 +17,12 @@ Every setting after A is compared with A.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
 data/traces/more and more2), hf, holdout, fresh, later, final, blind, post, unseen, ninth,
-eleventh, twelfth, thirteenth, fourteenth, fifteenth, sixteenth, seventeenth; default: all. Anchors, as
-tools/targets_table.py takes them: PyTorch's four settings replayed by policy:pytorch (which
-reproduces the recorded runs) and cudaMallocAsync's recorded peak.
+eleventh, twelfth, thirteenth, fourteenth, fifteenth, sixteenth, seventeenth; default: all;
+"recorded": all but shared, more and hf (the README's traces recorded to check the rules).
+Anchors, as tools/targets_table.py takes them: PyTorch's four settings replayed by
+policy:pytorch (which reproduces the recorded runs) and cudaMallocAsync's recorded peak.
+--families also prints, per setting, the README's table by family (VGG, Llama, ViT, GPT-2, OPT,
+BERT / RoBERTa, T5-base, T5-small by file name; every other trace a torchvision CNN or Swin).
 
 Why: a change of the policy that lowers peak reserved on most traces and raises it on few is
 systematic; one that moves as many traces up as down only reshuffles which traces happen to
@@ -155,6 +158,50 @@ def compare(base, other):
             "driver_ratio_max": max(r) if r else None, "flips": flips}
 
 
+FAMILIES = [("VGG", ("vgg",)), ("Llama", ("llama",)), ("ViT", ("vit",)), ("GPT-2", ("gpt2",)),
+            ("OPT", ("opt",)), ("BERT / RoBERTa", ("bert", "roberta")), ("T5-base", ("t5_base",)),
+            ("T5-small", ("t5",)), ("torchvision CNNs and Swin", ("",))]
+FAMILY_ORDER = ["torchvision CNNs and Swin", "ViT", "GPT-2", "OPT", "BERT / RoBERTa", "T5-small",
+                "T5-base", "Llama", "VGG"]
+
+
+def family(name):
+    """The README's family of a trace, by its file name (the first prefix that matches)."""
+    return next(f for f, prefixes in FAMILIES if name.startswith(prefixes))
+
+
+def family_table(per_trace):
+    """The README's table "by family": per family, how many traces meet all three targets, and
+    where the others fail (a trace can fail more than one target)."""
+    def span(xs, fmt):
+        return fmt % min(xs) if len(xs) == 1 else (fmt + "-" + fmt) % (min(xs), max(xs))
+    rows = ["| family | all three targets | where the others fail |", "|---|---:|---|"]
+    total = [0, 0]
+    for fam in FAMILY_ORDER:
+        vs = [v for p, v in per_trace.items() if family(os.path.basename(p)) == fam]
+        if not vs:
+            continue
+        ok = sum(v["all_three"] for v in vs)
+        total[0] += ok
+        total[1] += len(vs)
+        under = [100 * v["utilization"] for v in vs if v["utilization"] < 0.98]
+        over = [v["over_anchor"] / 1e6 for v in vs if v["over_anchor"] > 0]
+        slow = [100 * (v["driver_us"] / v["pytorch_driver_us"] - 1) for v in vs if not v["driver"]]
+        late = sum(not v["steady"] for v in vs)
+        why = []
+        if under:
+            why.append("%d under 98%% (%s%%)" % (len(under), span(under, "%.2f")))
+        if over:
+            why.append("%d over an anchor (by %s MB)" % (len(over), span(over, "%.1f")))
+        if slow:
+            why.append("%d over PyTorch's driver time (by %s%%)" % (len(slow), span(slow, "%.0f")))
+        if late:
+            why.append("%d with calls in the second half" % late)
+        rows.append("| %s | %d of %d | %s |" % (fam, ok, len(vs), "; ".join(why)))
+    rows.append("| **all** | **%d of %d** | |" % tuple(total))
+    return "\n".join(rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("settings", nargs="+")
@@ -164,9 +211,13 @@ def main():
     ap.add_argument("--knob-build", default=os.path.join(ROOT, "build-knobs"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--families", action="store_true",
+                    help="also print, per setting, the README's table by family")
     args = ap.parse_args()
     if len(args.settings) < 2:
         ap.error("give at least two settings: A B [C ...]")
+    if args.sets == "recorded":  # the README's "traces recorded to check the rules"
+        args.sets = ",".join(s for s in SETS if s not in ("shared", "more", "hf"))
     sets = args.sets.split(",")
     bad = [s for s in sets if s not in SETS]
     if bad:
@@ -189,6 +240,8 @@ def main():
                                    if v["all_three"])}
         if res is not results[0]:
             entry["against_first"] = compare(results[0], res)
+        if args.families:
+            entry["families"] = family_table(res)
         report.append(entry)
     union = sorted(set().union(*[e["passing"] for e in report]))
     if args.json:
@@ -207,6 +260,8 @@ def main():
                       c["peak_delta_max"] / 1e6, c["driver_ratio_median"], c["driver_ratio_max"]))
             for f in c["flips"]:
                 print("    %s %s" % ("gains" if f["now"] else "loses", f["trace"]))
+        if args.families:
+            print("\n%s\n" % e["families"])
     if len(report) > 2:
         print("all three targets under at least one of the %d settings: %d of %d traces" % (
             len(report), len(union), report[0]["traces"]))
