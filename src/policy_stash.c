@@ -2252,6 +2252,9 @@ static stash_status_t sb_check(stash_heap_t* h) {
         if (!v || v->kind != K_VOID || v->size != hd->npages * G)
           FAIL("memory given back is not one void block at 0x%" PRIx64,
                a->base + hd->first_page * G);
+        if (ranged_pages(a, hd->first_page, hd->npages))
+          FAIL("memory given back at 0x%" PRIx64 " is still mapped by a stitched range",
+               a->base + hd->first_page * G);
       } else {
         nlazy += hd->access != H_READY;
       }

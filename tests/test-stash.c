@@ -1868,6 +1868,125 @@ TEST(random_operations_keep_the_heap_consistent) {
   fx_close(&f);
 }
 
+/* Training-like loops drawn at random, seed by seed: a turn of allocations and frees over a
+ * few dozen slots (a slot allocated again is freed first; what is live at a turn's end lives
+ * into the next, as a layer's weights or a carried activation do), repeated a dozen times with
+ * a size now and then changed, empty_cache now and then (between turns or inside one), on
+ * one stream or - for a third of the seeds - two, with record_stream and events completing;
+ * for every fourth seed, each provider call fails with probability 3/100 (the driver's
+ * out-of-memory or an error). Turn replay hints, stitched ranges, memory given back between
+ * live blocks and taken back under a hint all meet here, and on a device small enough that
+ * out-of-memory happens. After every operation the heap's check passes (a failed allocation
+ * changes no statistic, a failed free leaves the block allocated, to be freed later); every
+ * 25, every live block is usable memory of its size, 512-aligned, sharing no byte with
+ * another; at the end, faults off, everything frees and the device holds nothing.
+ * STASH_RANDOM_SEEDS=N runs N seeds (default 100; 40000 in a soak outside CI), and
+ * STASH_RANDOM_VERBOSE=1 prints each seed's operations and faults. It catches,
+ * for one, a take-back that counted memory refused access as ready (seed 19). */
+static bool random_loop(uint64_t seed, uint64_t* injected) {
+  fixture_t f;
+  size_t capacity = seed % 3 == 0 ? 2 * GiB : 6 * GiB;
+  if (!fx_open(&f, "policy:stash", capacity)) return false;
+  int failures_before = th_failures;
+  uint64_t r = seed * 0x9E3779B97F4A7C15ull + 1;
+  enum { kSlots = 40, kTurnMax = 160 };
+  static const size_t menu[] = {512, 8192, 300000, 1 * MiB, 2 * MiB, 6 * MiB, 12 * MiB,
+                                24 * MiB, 40 * MiB, 56 * MiB, 96 * MiB, 140 * MiB, 260 * MiB};
+  struct {
+    bool alloc;
+    int slot;
+    size_t size;
+  } turn[kTurnMax];
+  int n = 40 + (int)(th_random(&r) % (kTurnMax - 40));
+  for (int k = 0; k < n; k++) {
+    turn[k].alloc = th_random(&r) % 100 < 60;
+    turn[k].slot = (int)(th_random(&r) % kSlots);
+    turn[k].size = menu[th_random(&r) % (sizeof menu / sizeof menu[0])] +
+                   (size_t)(th_random(&r) % 3) * 512;
+  }
+  bool two_streams = seed % 3 == 1;
+  bool faults = seed % 4 == 3;
+  if (faults)
+    stash_sim_fail_random(f.sim, STASH_CALL_ANY, 0.03, seed,
+                          seed % 8 == 3 ? STASH_ERR_OOM : STASH_ERR_DRIVER);
+  void* streams[2] = {S1, S2};
+  void* live[kSlots] = {0};
+  size_t sizes[kSlots] = {0};
+  int ops = 0;
+  for (int t = 0; t < 12 && th_failures == failures_before; t++) {
+    if (th_random(&r) % 6 == 0) CHECK(stash_heap_empty_cache(f.heap) == STASH_OK || faults);
+    for (int k = 0; k < n && th_failures == failures_before; k++, ops++) {
+      int i = turn[k].slot;
+      if (live[i]) {
+        stash_stats_t before = fx_stats(&f);
+        stash_status_t rc = stash_heap_free(f.heap, live[i]);
+        CHECK(rc == STASH_OK || faults);
+        if (rc == STASH_OK) live[i] = NULL;
+        else CHECK_EQ(fx_stats(&f).allocation[0].current, before.allocation[0].current);
+      }
+      if (turn[k].alloc && !live[i]) {
+        size_t size = turn[k].size;
+        if (th_random(&r) % 50 == 0) size = menu[th_random(&r) % 13] + 512; /* a change */
+        void* st = two_streams && k % 4 == 3 ? streams[1] : streams[0];
+        void* ptr = (void*)0x1;
+        stash_stats_t before = fx_stats(&f);
+        stash_status_t rc = stash_heap_alloc(f.heap, size, st, &ptr);
+        CHECK(rc == STASH_OK || rc == STASH_ERR_OOM || faults);
+        if (rc == STASH_OK) {
+          live[i] = ptr;
+          sizes[i] = size;
+          if (two_streams && th_random(&r) % 8 == 0)
+            CHECK(stash_heap_record_stream(f.heap, ptr, streams[st == streams[0]]) == STASH_OK ||
+                  faults);
+        } else {
+          stash_stats_t after = fx_stats(&f);
+          CHECK(ptr == NULL);
+          CHECK_EQ(after.allocation[0].current, before.allocation[0].current);
+          CHECK_EQ(after.allocated_bytes[0].current, before.allocated_bytes[0].current);
+        }
+      }
+      if (two_streams && th_random(&r) % 5 == 0)
+        stash_sim_complete(f.sim, streams[th_random(&r) % 2]);
+      if (th_random(&r) % 300 == 0) CHECK(stash_heap_empty_cache(f.heap) == STASH_OK || faults);
+      CHECK_OK(stash_heap_check(f.heap));
+      if (ops % 25 == 0) {
+        for (int a = 0; a < kSlots; a++) {
+          if (!live[a]) continue;
+          CHECK(stash_sim_is_usable(f.sim, 0, (uint64_t)(uintptr_t)live[a], sizes[a]));
+          CHECK((uintptr_t)live[a] % 512 == 0);
+          for (int b = a + 1; b < kSlots; b++)
+            if (live[b])
+              CHECK((uintptr_t)live[a] + sizes[a] <= (uintptr_t)live[b] ||
+                    (uintptr_t)live[b] + sizes[b] <= (uintptr_t)live[a]);
+        }
+      }
+    }
+  }
+  stash_sim_fail_random(f.sim, STASH_CALL_ANY, 0, 0, STASH_OK);
+  stash_sim_complete(f.sim, S1);
+  stash_sim_complete(f.sim, S2);
+  for (int a = 0; a < kSlots; a++)
+    if (live[a]) fx_free(&f, live[a]);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  *injected += stash_sim_injected(f.sim);
+  if (getenv("STASH_RANDOM_VERBOSE"))
+    fprintf(stderr, "seed %llu: %d operations, %llu faults\n", (unsigned long long)seed, ops,
+            (unsigned long long)stash_sim_injected(f.sim));
+  fx_close(&f);
+  if (th_failures > failures_before)
+    fprintf(stderr, "  (random loop, seed %llu)\n", (unsigned long long)seed);
+  return th_failures == failures_before;
+}
+
+TEST(random_loops_keep_the_heap_consistent) {
+  const char* env = getenv("STASH_RANDOM_SEEDS");
+  long seeds = env ? strtol(env, NULL, 10) : 100;
+  uint64_t injected = 0;
+  for (long k = 1; k <= seeds; k++)
+    if (!random_loop((uint64_t)k, &injected)) break;
+  if (seeds >= 4) CHECK(injected > 0); /* the seeds with faults met some */
+}
+
 int main(void) {
   RUN(small_and_large_arenas);
   RUN(the_account_says_where_the_reserved_bytes_are);
@@ -1921,5 +2040,6 @@ int main(void) {
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   RUN(random_operations_keep_the_heap_consistent);
+  RUN(random_loops_keep_the_heap_consistent);
   TEST_MAIN_END();
 }

@@ -291,7 +291,8 @@ static bool output_clashes(const char* what, const char* path, const char* other
   if (!path || !strcmp(path, "-")) return false;
   if (path[0] == '-') {
     fprintf(stderr, "stash-replay: %s '%s' looks like an option, not a file to write "
-                    "(%s FILE, or %s - for stderr)\n", what, path, what, what);
+                    "(%s FILE%s)\n", what, path, what,
+            strcmp(what, "--explain") ? "" : ", or --explain - for stderr");
     return true;
   }
   for (int i = 0; i < ntraces; i++) {
