@@ -496,6 +496,10 @@ def test_output_that_names_another_trace_or_an_option_is_refused():
             check_eq(rc, 2, "exit code of %s --conf" % opt)
             check("%s '--conf' looks like an option" % opt in err, "message: %r" % err)
             check(not os.path.exists(os.path.join(TMP, "--conf")), "%s wrote a file '--conf'" % opt)
+        rc, out, err = run("--html", "-", "--conf", PT, paths["lone.csv"])
+        check_eq(rc, 2, "exit code of --html -")
+        check("--html needs a file to write, not '-'" in err, "message: %r" % err)
+        check(not os.path.exists(os.path.join(TMP, "-")), "--html - wrote a file named '-'")
         # an earlier explanation or page is not a trace: writing it again is fine
         out_path = write("again.txt", data=b"at the peak ...\n")
         rc, out, err = run("--explain", out_path, "--conf", PT, paths["lone.csv"])

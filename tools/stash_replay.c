@@ -288,7 +288,13 @@ static bool looks_like_a_trace(const char* path) {
  * that a slip of the argument order ("--explain TRACE", the file forgotten) loses no trace. */
 static bool output_clashes(const char* what, const char* path, const char* other_what,
                            const char* other, const char* const* traces, int ntraces) {
-  if (!path || !strcmp(path, "-")) return false;
+  if (!path) return false;
+  if (!strcmp(path, "-")) { /* --explain's stderr; a page has no stream of its own */
+    if (!strcmp(what, "--explain")) return false;
+    fprintf(stderr, "stash-replay: %s needs a file to write, not '-' (stdout carries the "
+                    "table or the JSON)\n", what);
+    return true;
+  }
   if (path[0] == '-') {
     fprintf(stderr, "stash-replay: %s '%s' looks like an option, not a file to write "
                     "(%s FILE%s)\n", what, path, what,
