@@ -296,6 +296,12 @@ typedef struct stash_account_s {
  * stash_heap_visit sees them). Thread-safe. */
 STASH_API stash_status_t stash_heap_account(stash_heap_t* heap, bool small, stash_account_t* out);
 
+/* Both pools' accounts from one view of the heap (one stash_heap_visit, under one hold of its
+ * lock): with other threads allocating, two stash_heap_account calls may see two moments.
+ * Either pointer may be NULL (that pool is skipped), not both. */
+STASH_API stash_status_t stash_heap_accounts(stash_heap_t* heap, stash_account_t* small,
+                                             stash_account_t* large);
+
 /* The account in words, one line: "large pool: 9480.0 MiB reserved in 1 segment = 7857.4
  * live + 0.0 rounding + 0.0 pending free + 1000.0 lent to stitched blocks (1000.0 asked for)
  * + 622.5 in 27 holes (the largest 48.0) + 0.0 free at 0 segment ends" (MiB, one decimal),

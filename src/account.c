@@ -8,15 +8,15 @@
 #include "internal.h"
 
 typedef struct account_ctx_s {
-  bool small;
-  stash_account_t* out;
+  stash_account_t* small; /* where each pool's account goes, or NULL */
+  stash_account_t* large;
 } account_ctx_t;
 
 static int account_segment(const stash_segment_info_t* seg, const stash_block_info_t* b,
                            void* arg) {
   account_ctx_t* c = arg;
-  stash_account_t* a = c->out;
-  if (seg->is_small != c->small) return 0;
+  stash_account_t* a = seg->is_small ? c->small : c->large;
+  if (!a) return 0;
   if (seg->is_expandable && seg->mapped_size == 0) {
     /* a stitched range (its memory is the arenas', lent) or a reserved range with nothing
      * mapped yet: no memory of its own */
@@ -57,14 +57,23 @@ static int account_segment(const stash_segment_info_t* seg, const stash_block_in
   return 0;
 }
 
+stash_status_t stash_heap_accounts(stash_heap_t* heap, stash_account_t* small,
+                                   stash_account_t* large) {
+  if (!small && !large)
+    return _stash_error(STASH_ERR_INVALID, "stash_heap_accounts: both accounts are NULL");
+  stash_account_t a[2];
+  memset(a, 0, sizeof a);
+  account_ctx_t c = {small ? &a[0] : NULL, large ? &a[1] : NULL};
+  stash_status_t st = stash_heap_visit(heap, account_segment, &c); /* one view, one lock */
+  if (st != STASH_OK) return st;
+  if (small) *small = a[0];
+  if (large) *large = a[1];
+  return STASH_OK;
+}
+
 stash_status_t stash_heap_account(stash_heap_t* heap, bool small, stash_account_t* out) {
   if (!out) return _stash_error(STASH_ERR_INVALID, "stash_heap_account: out is NULL");
-  stash_account_t a;
-  memset(&a, 0, sizeof a);
-  account_ctx_t c = {small, &a};
-  stash_status_t st = stash_heap_visit(heap, account_segment, &c);
-  if (st == STASH_OK) *out = a;
-  return st;
+  return stash_heap_accounts(heap, small ? out : NULL, small ? NULL : out);
 }
 
 size_t stash_account_text(const stash_account_t* a, bool small, char* buf, size_t n) {

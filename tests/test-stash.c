@@ -595,7 +595,8 @@ TEST(stitching_takes_whole_free_allocations_of_holes) {
 }
 
 /* stash_heap_account: where each pool's reserved bytes are - live, rounding, pending free,
- * lent to a stitched block, holes, the free end - adding up to reserved. */
+ * lent to a stitched block, holes, the free end - adding up to reserved; stash_heap_accounts
+ * gives both pools at once (from one view: test-threads). */
 TEST(the_account_says_where_the_reserved_bytes_are) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -646,10 +647,23 @@ TEST(the_account_says_where_the_reserved_bytes_are) {
   CHECK_EQ(sm.lent + sm.pending_free, 0);
   CHECK_EQ(sm.live + sm.rounding + sm.holes + sm.ends, sm.reserved);
   CHECK(sm.ends > 0 && sm.nends == 1); /* the small arena's free end */
+  /* both pools from one view: the same accounts; either pool may be skipped */
+  stash_account_t both_sm, both_lg, only;
+  memset(&both_sm, 0xab, sizeof both_sm);
+  memset(&both_lg, 0xab, sizeof both_lg);
+  CHECK_OK(stash_heap_accounts(f.heap, &both_sm, &both_lg));
+  CHECK(memcmp(&both_sm, &sm, sizeof sm) == 0);
+  CHECK(memcmp(&both_lg, &a, sizeof a) == 0);
+  CHECK_OK(stash_heap_accounts(f.heap, NULL, &only));
+  CHECK(memcmp(&only, &a, sizeof a) == 0);
+  CHECK_OK(stash_heap_accounts(f.heap, &only, NULL));
+  CHECK(memcmp(&only, &sm, sizeof sm) == 0);
   /* bad input: an error, nothing written */
   stash_account_t keep = a;
   CHECK_EQ(stash_heap_account(NULL, false, &a), STASH_ERR_INVALID);
   CHECK_EQ(stash_heap_account(f.heap, false, NULL), STASH_ERR_INVALID);
+  CHECK_EQ(stash_heap_accounts(NULL, &a, &a), STASH_ERR_INVALID);
+  CHECK_EQ(stash_heap_accounts(f.heap, NULL, NULL), STASH_ERR_INVALID);
   CHECK(memcmp(&keep, &a, sizeof a) == 0);
   stash_account_t none;
   memset(&none, 0, sizeof none);

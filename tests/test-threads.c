@@ -6,6 +6,7 @@
  *   test-threads [ITERATIONS_PER_THREAD]   (default 20000; STASH_STRESS_ITERS overrides)
  */
 #include <pthread.h>
+#include <sched.h>
 
 #include "fixture.h"
 
@@ -161,6 +162,57 @@ static void stress(const char* conf_text) {
   fx_close(&f);
 }
 
+/* stash_heap_accounts reads both pools from one view while another thread allocates: that
+ * thread takes a small block X, then a large block Y, frees Y, then X, over and over, so live
+ * bytes are always 0, X or X + Y - never Y alone. Two stash_heap_account calls (small pool,
+ * then large) see two moments, and do see Y alone: X freed before the first, Y allocated again
+ * before the second (the same loop with two calls: 16 to 185 torn views of 20000, in each of
+ * six runs here). */
+#define ACCT_X ((size_t)4096)
+#define ACCT_Y ((size_t)8 << 20)
+static _Atomic int g_acct_stop;
+
+static void* acct_churn(void* arg) {
+  (void)arg;
+  while (!g_acct_stop) {
+    void *x = NULL, *y = NULL;
+    if (stash_heap_alloc(g_heap, ACCT_X, NULL, &x) != STASH_OK) break;
+    if (stash_heap_alloc(g_heap, ACCT_Y, NULL, &y) == STASH_OK) stash_heap_free(g_heap, y);
+    stash_heap_free(g_heap, x);
+  }
+  return NULL;
+}
+
+static void accounts_one_view(const char* conf) {
+  fixture_t f;
+  if (!fx_open(&f, conf, 1ull << 30)) return;
+  g_heap = f.heap;
+  g_acct_stop = 0;
+  pthread_t t;
+  CHECK(pthread_create(&t, NULL, acct_churn, NULL) == 0);
+  int torn = 0, seen[3] = {0};
+  for (int i = 0; i < g_iters; i++) {
+    stash_account_t sm, lg;
+    CHECK_OK(stash_heap_accounts(f.heap, &sm, &lg));
+    uint64_t live = sm.live + lg.live;
+    if (live != 0 && live != ACCT_X && live != ACCT_X + ACCT_Y) torn++;
+    seen[live == 0 ? 0 : live == ACCT_X ? 1 : 2]++;
+    sched_yield(); /* let the other thread run between readings */
+  }
+  g_acct_stop = 1;
+  pthread_join(t, NULL);
+  CHECK_EQ(torn, 0);
+  if (getenv("STASH_ACCOUNTS_VERBOSE"))
+    fprintf(stderr, "%s: live 0 / X / X+Y (or torn) in %d / %d / %d of %d views\n", conf,
+            seen[0], seen[1], seen[2], g_iters);
+  fx_close(&f);
+}
+
+TEST(accounts_are_one_view_under_churn) {
+  accounts_one_view("policy:stash");
+  accounts_one_view("policy:pytorch");
+}
+
 TEST(eight_threads_stash) { stress("policy:stash"); }
 TEST(eight_threads_plain) { stress("policy:pytorch"); }
 TEST(eight_threads_expandable) { stress("policy:pytorch,expandable_segments:True"); }
@@ -172,5 +224,6 @@ int main(int argc, char** argv) {
   RUN(eight_threads_stash);
   RUN(eight_threads_plain);
   RUN(eight_threads_expandable);
+  RUN(accounts_are_one_view_under_churn);
   TEST_MAIN_END();
 }

@@ -185,8 +185,7 @@ static void take_layout(stash_heap_t* heap, replay_result_t* out, uint64_t event
     return;
   }
   stash_account_t acc[2];
-  if (stash_heap_account(heap, true, &acc[0]) != STASH_OK ||
-      stash_heap_account(heap, false, &acc[1]) != STASH_OK) {
+  if (stash_heap_accounts(heap, &acc[0], &acc[1]) != STASH_OK) {
     layout_free(c.v, c.n);
     return;
   }

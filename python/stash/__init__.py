@@ -109,24 +109,22 @@ class _Account(ctypes.Structure):  # stash_account_t
         "nholes", "largest_hole", "ends", "nends")]
 
 
-def _account(heap, small):
-    acc = _Account()
-    _lib.check(_lib.lib().stash_heap_account(heap, bool(small), ctypes.byref(acc)),
+def _accounts(heap):
+    """(small pool, large pool) accounts from one view of the heap (stash_heap_accounts)."""
+    small, large = _Account(), _Account()
+    _lib.check(_lib.lib().stash_heap_accounts(heap, ctypes.byref(small), ctypes.byref(large)),
                "memory_account")
-    return acc
+    return small, large
 
 
 def memory_account(device=None):
     """Where the device's reserved bytes are now, per pool: {"small_pool": {...},
     "large_pool": {...}}, each with reserved = live + rounding + pending_free + lent + holes +
     ends (bytes), and segments, lent_live (what stitched blocks asked for of the lent bytes),
-    nholes, largest_hole and nends (stash_heap_account)."""
-    heap = _heap(device)
-    out = {}
-    for pool, small in (("small_pool", True), ("large_pool", False)):
-        acc = _account(heap, small)
-        out[pool] = {name: getattr(acc, name) for name, _ in _Account._fields_}
-    return out
+    nholes, largest_hole and nends (stash_heap_accounts: both pools from one view)."""
+    small, large = _accounts(_heap(device))
+    return {pool: {name: getattr(acc, name) for name, _ in _Account._fields_}
+            for pool, acc in (("small_pool", small), ("large_pool", large))}
 
 
 def explain(device=None):
@@ -134,10 +132,8 @@ def explain(device=None):
     9480.0 MiB reserved in 1 segment = 7857.4 live + 0.0 rounding + ... + 622.5 in 27 holes
     (the largest 48.0) + 0.0 free at 0 segment ends" - as stash-replay --explain says it at
     the peak."""
-    heap = _heap(device)
     lines = []
-    for small in (True, False):
-        acc = _account(heap, small)
+    for small, acc in zip((True, False), _accounts(_heap(device))):
         line = _text(_lib.lib().stash_account_text, ctypes.byref(acc), small)
         if line:
             lines.append(line)

@@ -80,6 +80,7 @@ _SIGNATURES = {
     "stash_torch_pool_id": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
     "stash_heap_account": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p]),
+    "stash_heap_accounts": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
     "stash_account_text": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_bool, ctypes.c_char_p,
                                              ctypes.c_size_t]),
     "stash_cupy_malloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
