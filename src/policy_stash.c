@@ -988,37 +988,26 @@ static stash_status_t take_back_one(stash_heap_t* h, sb_arena* a, sb_block* v) {
 
 /* Before the arena grows at its end for a request of `size` (stream slot `slot`) that no free
  * block holds: memory again behind what empty_cache gave back (arena_give_back) where that
- * makes room for it - of every window of free and given-back blocks side by side that holds
- * it, the one with the fewest given-back bytes (the first of those alike), each given-back
- * allocation in it made again in place, and none outside it (a stretch of given-back memory
- * much larger than the request stays given back but for the allocations the request
- * covers). STASH_OK with nothing done when no window holds it (the arena grows instead); a
- * failure as take_back_one's. */
+ * makes room for it - the smallest run of free and given-back blocks side by side that holds
+ * it, each given-back allocation in the run made again in place. STASH_OK with nothing done
+ * when no run holds it (the arena grows instead); a failure as take_back_one's. */
 static stash_status_t arena_take_back(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot) {
-  sb_block *best = NULL, *best_last = NULL, *lo = NULL;
-  size_t best_void = SIZE_MAX, bytes = 0, voids = 0; /* the window [lo, b]: bytes, given back */
-  for (sb_block* b = a->first; b; b = b->next) {
-    if (b->kind != K_VOID && !(b->kind == K_FREE && tag_ok(b, slot))) {
-      lo = NULL;
-      bytes = voids = 0;
+  sb_block *best = NULL, *run = NULL;
+  size_t best_bytes = SIZE_MAX, bytes = 0;
+  bool has_void = false;
+  for (sb_block* b = a->first;; b = b->next) {
+    bool joins = b && (b->kind == K_VOID || (b->kind == K_FREE && tag_ok(b, slot)));
+    if (joins) {
+      if (!run) run = b, bytes = 0, has_void = false;
+      bytes += b->size;
+      has_void |= b->kind == K_VOID;
       continue;
     }
-    if (!lo) lo = b;
-    bytes += b->size;
-    voids += b->kind == K_VOID ? b->size : 0;
-    while (lo != b && bytes - lo->size >= size) { /* the shortest window ending at b */
-      bytes -= lo->size;
-      voids -= lo->kind == K_VOID ? lo->size : 0;
-      lo = lo->next;
-    }
-    if (bytes >= size && voids > 0 && voids < best_void) {
-      best = lo;
-      best_last = b;
-      best_void = voids;
-    }
+    if (run && has_void && bytes >= size && bytes < best_bytes) best = run, best_bytes = bytes;
+    run = NULL;
+    if (!b) break;
   }
-  if (!best) return STASH_OK;
-  uint64_t end = best_last->ptr + best_last->size; /* merges do not move the window's end */
+  uint64_t end = best ? best->ptr + best_bytes : 0; /* the run's end: merges do not move it */
   for (sb_block* b = best; b && b->ptr < end; b = b->next) {
     if (b->kind != K_VOID) continue;
     stash_status_t st = take_back_one(h, a, b); /* b, merged with its free neighbours, stays */

@@ -1535,42 +1535,6 @@ TEST(empty_cache_gives_back_free_allocations_between_live_blocks) {
 /* A training loop that calls empty_cache after every step: what a step freed between live
  * blocks is given back, and in the next step turn replay takes it back where the block's
  * counterpart went - the layout holds (not the arena's free end, best fit's last resort). */
-/* A request that only given-back memory can hold makes again only the allocations it needs:
- * A (100 MiB) and B (30), side by side, both given back; 30 MiB comes back where B was, and
- * A stays given back - before, the whole stretch came back (130 MiB for a 30 MiB request). */
-TEST(taking_back_makes_only_the_allocations_a_request_needs) {
-  fixture_t f;
-  if (!fx_open(&f, "policy:stash", 0)) return;
-  void *p[4], *fill;
-  layout_full(&f, p, &fill, S1); /* [A 100][B 30][C 100][D 4 + fill 16]: one allocation each */
-  fx_free(&f, p[0]);
-  fx_free(&f, p[1]);
-  CHECK_OK(stash_heap_empty_cache(f.heap));
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 120 * (int64_t)MiB); /* C and D's */
-  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 130 * MiB);
-  uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
-  void* x = fx_alloc(&f, 30 * MiB, S1);
-  CHECK_EQ(U(x), U(p[1])); /* B's place, made again */
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates + 1);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 150 * (int64_t)MiB);
-  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 100 * MiB); /* A's, still given back */
-  CHECK_OK(stash_heap_check(f.heap));
-  /* 110 MiB: no stretch but A and B's holds it - A comes back too, the block across both */
-  fx_free(&f, x);
-  void* y = fx_alloc(&f, 110 * MiB, S1);
-  CHECK_EQ(U(y), U(p[0]));
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 250 * (int64_t)MiB);
-  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_UNMAPPED), 0);
-  CHECK_OK(stash_heap_check(f.heap));
-  fx_free(&f, y);
-  fx_free(&f, p[2]);
-  fx_free(&f, p[3]);
-  fx_free(&f, fill);
-  CHECK_OK(stash_heap_empty_cache(f.heap));
-  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 0);
-  fx_close(&f);
-}
-
 TEST(turn_replay_takes_back_what_empty_cache_gave_back) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -2054,7 +2018,6 @@ int main(void) {
   RUN(a_capture_records_and_queries_no_event);
   RUN(empty_cache_gives_back_the_free_ends);
   RUN(empty_cache_gives_back_free_allocations_between_live_blocks);
-  RUN(taking_back_makes_only_the_allocations_a_request_needs);
   RUN(turn_replay_takes_back_what_empty_cache_gave_back);
   RUN(out_of_memory_releases_then_fails_cleanly);
   RUN(a_request_larger_than_the_device_fails_at_once_and_keeps_the_cache);
