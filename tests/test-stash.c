@@ -1817,6 +1817,20 @@ TEST(repeated_steps_make_no_provider_call) {
 
 /* ---- random operations ------------------------------------------------------------------ */
 
+/* Every live block (live[k], NULL for none) is usable memory of sizes[k] bytes, 512-aligned,
+ * and shares no byte with another. */
+static void live_blocks_sound(fixture_t* f, void* const* live, const size_t* sizes, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    if (!live[k]) continue;
+    CHECK(stash_sim_is_usable(f->sim, 0, (uint64_t)(uintptr_t)live[k], sizes[k]));
+    CHECK((uintptr_t)live[k] % 512 == 0);
+    for (size_t m = k + 1; m < n; m++)
+      if (live[m])
+        CHECK((uintptr_t)live[k] + sizes[k] <= (uintptr_t)live[m] ||
+              (uintptr_t)live[m] + sizes[m] <= (uintptr_t)live[k]);
+  }
+}
+
 static uint64_t rnd_state = 88172645463325252ull;
 static uint64_t rnd(void) { return th_random(&rnd_state); }
 
@@ -1863,17 +1877,7 @@ TEST(random_operations_keep_the_heap_consistent) {
     }
     CHECK_OK(stash_heap_check(f.heap));
     if (th_failures > failures_before) break; /* the first broken invariant is the one to read */
-    if (op % 500 == 0) {
-      for (size_t k = 0; k < kLive; k++) {
-        if (!live[k]) continue;
-        CHECK(stash_sim_is_usable(f.sim, 0, (uint64_t)(uintptr_t)live[k], sizes[k]));
-        CHECK((uintptr_t)live[k] % 512 == 0);
-        for (size_t m = k + 1; m < kLive; m++)
-          if (live[m])
-            CHECK((uintptr_t)live[k] + sizes[k] <= (uintptr_t)live[m] ||
-                  (uintptr_t)live[m] + sizes[m] <= (uintptr_t)live[k]);
-      }
-    }
+    if (op % 500 == 0) live_blocks_sound(&f, live, sizes, kLive);
   }
   for (size_t k = 0; k < kLive; k++)
     if (live[k]) fx_free(&f, live[k]);
@@ -1963,17 +1967,7 @@ static bool random_loop(uint64_t seed, uint64_t* injected) {
         stash_sim_complete(f.sim, streams[th_random(&r) % 2]);
       if (th_random(&r) % 300 == 0) CHECK(stash_heap_empty_cache(f.heap) == STASH_OK || faults);
       CHECK_OK(stash_heap_check(f.heap));
-      if (ops % 25 == 0) {
-        for (int a = 0; a < kSlots; a++) {
-          if (!live[a]) continue;
-          CHECK(stash_sim_is_usable(f.sim, 0, (uint64_t)(uintptr_t)live[a], sizes[a]));
-          CHECK((uintptr_t)live[a] % 512 == 0);
-          for (int b = a + 1; b < kSlots; b++)
-            if (live[b])
-              CHECK((uintptr_t)live[a] + sizes[a] <= (uintptr_t)live[b] ||
-                    (uintptr_t)live[b] + sizes[b] <= (uintptr_t)live[a]);
-        }
-      }
+      if (ops % 25 == 0) live_blocks_sound(&f, live, sizes, kSlots);
     }
   }
   stash_sim_fail_random(f.sim, STASH_CALL_ANY, 0, 0, STASH_OK);
