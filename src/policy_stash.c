@@ -986,6 +986,17 @@ static stash_status_t take_back_one(stash_heap_t* h, sb_arena* a, sb_block* v) {
   return STASH_OK;
 }
 
+/* Memory again behind every given-back block from b up to address end, in order (each
+ * take_back_one); the first failure stops it. */
+static stash_status_t take_back_until(stash_heap_t* h, sb_arena* a, sb_block* b, uint64_t end) {
+  for (; b && b->ptr < end; b = b->next) {
+    if (b->kind != K_VOID) continue;
+    stash_status_t st = take_back_one(h, a, b); /* b, merged with its free neighbours, stays */
+    if (st != STASH_OK) return st;
+  }
+  return STASH_OK;
+}
+
 /* Before the arena grows at its end for a request of `size` (stream slot `slot`) that no free
  * block holds: memory again behind what empty_cache gave back (arena_give_back) where that
  * makes room for it - the smallest run of free and given-back blocks side by side that holds
@@ -1007,13 +1018,8 @@ static stash_status_t arena_take_back(stash_heap_t* h, sb_arena* a, size_t size,
     run = NULL;
     if (!b) break;
   }
-  uint64_t end = best ? best->ptr + best_bytes : 0; /* the run's end: merges do not move it */
-  for (sb_block* b = best; b && b->ptr < end; b = b->next) {
-    if (b->kind != K_VOID) continue;
-    stash_status_t st = take_back_one(h, a, b); /* b, merged with its free neighbours, stays */
-    if (st != STASH_OK) return st;
-  }
-  return STASH_OK;
+  /* the run's end: merges do not move it */
+  return best ? take_back_until(h, a, best, best->ptr + best_bytes) : STASH_OK;
 }
 
 /* Turn replay after empty_cache: memory again behind the given-back allocations under
@@ -1029,15 +1035,7 @@ static stash_status_t take_back_range(stash_heap_t* h, sb_arena* a, uint64_t at,
     if (c->kind == K_VOID) any = true;
     else if (c->kind != K_FREE || !tag_ok(c, slot)) return STASH_OK;
   }
-  if (!any) return STASH_OK;
-  while (b && b->ptr < at + size) {
-    if (b->kind == K_VOID) {
-      stash_status_t st = take_back_one(h, a, b); /* b, merged with its neighbours, stays */
-      if (st != STASH_OK) return st;
-    }
-    b = b->next;
-  }
-  return STASH_OK;
+  return any ? take_back_until(h, a, b, at + size) : STASH_OK;
 }
 
 /* Try again to make dead memory accessible. */
