@@ -79,12 +79,13 @@ typedef enum stash_policy_e {
   _STASH_POLICY_LAST
 } stash_policy_t;
 
-#define STASH_CONF_VERSION 1
+#define STASH_CONF_VERSION 2
 #define STASH_ROUNDUP_BUCKETS 16 /* [<2 MiB, 2-4 MiB, ..., >= 32 GiB), as PyTorch */
 
 /* A heap's configuration. Fill with stash_conf_init() and then stash_conf_parse().
- * policy:stash (the default) takes only per_process_memory_fraction; the other keys
- * configure policy:pytorch and are refused, with an error naming them, under policy:stash. */
+ * policy:stash (the default) takes per_process_memory_fraction and max_piece_size_mb; the
+ * other keys configure policy:pytorch and are refused, with an error naming them, under
+ * policy:stash (and max_piece_size_mb under policy:pytorch). */
 typedef struct stash_conf_s {
   uint32_t size;                        /* sizeof(stash_conf_t) */
   uint32_t version;                     /* STASH_CONF_VERSION */
@@ -96,6 +97,12 @@ typedef struct stash_conf_s {
   double per_process_memory_fraction;   /* in [0,1] (=1: unlimited) */
   bool expandable_segments;             /* (=False) */
   uint32_t roundup_power2_divisions[STASH_ROUNDUP_BUCKETS]; /* 0 = plain 512 B rounding */
+  /* policy:stash: max_piece_size_mb, in bytes (=0: the policy's own sizes). No physical
+   * allocation of its large arena is larger (rounded up to the device's granularity): free
+   * memory between live blocks is then whole allocations more often, which a stitched range
+   * can map, at the price of more driver calls - for a run at the limit of its device
+   * (README, "At the device's limit": 20 fits more runs than expandable segments do). */
+  size_t max_piece_size;
 } stash_conf_t;
 
 /* Fill conf with the defaults above (policy:stash; PyTorch's defaults for its keys). */
@@ -105,7 +112,7 @@ STASH_API void stash_conf_init(stash_conf_t* conf);
  * "key:value,key:[a:b,c:d]". Keys: policy (stash|pytorch), max_split_size_mb,
  * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
  * garbage_collection_threshold, per_process_memory_fraction, expandable_segments
- * (True/False); and, so that a PYTORCH_CUDA_ALLOC_CONF can be reused as it is, backend
+ * (True/False), max_piece_size_mb (policy:stash); and, so that a PYTORCH_CUDA_ALLOC_CONF can be reused as it is, backend
  * (only "native") and release_lock_on_cudamalloc (True/False, checked, no effect: stash
  * holds its heap's lock across driver calls either way). Keys are applied on top of conf's current values, then the result is
  * checked as a whole (so "expandable_segments:True,policy:pytorch" is as good as the other

@@ -177,6 +177,11 @@ static stash_status_t parse_large_segment(const char* key, const lexer_t* lx, si
   return STASH_OK;
 }
 
+static stash_status_t parse_max_piece(const char* key, const lexer_t* lx, size_t* i,
+                                      stash_conf_t* c) {
+  return parse_mb(key, lx->tok[*i], 2, &c->max_piece_size); /* 2 MiB: a page of the H200 */
+}
+
 static stash_status_t parse_gc(const char* key, const lexer_t* lx, size_t* i, stash_conf_t* c) {
   double v;
   if (!parse_double(lx->tok[*i], &v)) return bad_value(key, lx->tok[*i], "expected a number");
@@ -300,6 +305,9 @@ static const struct option_s {
      "limit reserved memory to this fraction of the device (0..1; =1)"},
     {"expandable_segments", parse_expandable,
      "grow segments by mapping pages into reserved address ranges (True/False; =False)"},
+    {"max_piece_size_mb", parse_max_piece,
+     "policy:stash: no physical allocation larger, for runs at the device's limit (MiB, >= 2; "
+     "=the policy's own)"},
     {"backend", parse_backend, "accepted for compatibility: native"},
     {"release_lock_on_cudamalloc", parse_ignored_bool,
      "accepted for compatibility (True/False); stash holds its lock"},
@@ -361,9 +369,14 @@ stash_status_t _stash_conf_validate(const stash_conf_t* c) {
     if (key)
       return _stash_error(STASH_ERR_CONF,
                           "STASH_CONF: %s configures policy:pytorch; policy:stash (the default) "
-                          "takes only per_process_memory_fraction - add policy:pytorch to use it",
+                          "takes only per_process_memory_fraction and max_piece_size_mb - add "
+                          "policy:pytorch to use it",
                           key);
   }
+  if (c->policy == STASH_POLICY_PYTORCH && c->max_piece_size)
+    return _stash_error(STASH_ERR_CONF,
+                        "STASH_CONF: max_piece_size_mb configures policy:stash; policy:pytorch "
+                        "makes the allocations PyTorch makes");
   return STASH_OK;
 }
 
@@ -473,5 +486,6 @@ size_t stash_conf_format(const stash_conf_t* c, char* buf, size_t n) {
     append(buf, n, &len, ",per_process_memory_fraction:%s", num);
   }
   if (c->expandable_segments) append(buf, n, &len, ",expandable_segments:True");
+  if (c->max_piece_size) append(buf, n, &len, ",max_piece_size_mb:%zu", c->max_piece_size / MB);
   return len;
 }

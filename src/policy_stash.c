@@ -107,9 +107,20 @@
  * then plain best fit - so the layout, once it repeats, keeps repeating. Not with more than
  * one stream.
  *
+ * A full device. When the device (or the memory fraction) cannot hold the memory a request
+ * needs as the rules above place it, a request of 48 MiB or more is placed again "pressed":
+ * stitched from every whole free allocation and the best head and tail, with new memory only
+ * for the rest, however small a share of it they give (under pressure a range costs less than
+ * an out-of-memory error). If that does not fit either, the cache is released (below) and the
+ * request tried once more, pressed. With max_piece_size_mb (STASH_CONF), the large arena
+ * makes no physical allocation larger - its growths, bursts and a range's new memory alike -
+ * so that the memory a freed block leaves is more often whole allocations, which a range can
+ * map: for a run at its device's limit, at the price of more driver calls (README, "At the
+ * device's limit").
+ *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
- * allocations that lie wholly in the free end of each arena. A request larger than the
+ * allocations that lie wholly in free memory (arena_give_back). A request larger than the
  * device, or than the memory fraction allows, is refused at once, the cache kept: nothing
  * released could make room for it. Memory the driver refuses to
  * take back is retried later ("zombies"); memory it refuses access to is held apart
@@ -323,6 +334,7 @@ typedef struct sb_state_s {
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
   bool freed;          /* a block has been freed since nothing was live (else: loading) */
+  bool pressed;        /* retrying a request the device could not serve (sb_alloc) */
   size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
   uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
 } sb_state;
@@ -684,6 +696,13 @@ static size_t piece_bytes(size_t size, size_t least, size_t parts, size_t granul
   return share > least ? share : least;
 }
 
+/* max_piece_size_mb: the largest physical allocation the large arena makes, in bytes (a
+ * multiple of the granularity), or 0 when the policy chooses (the default). */
+static size_t piece_limit(const stash_heap_t* h) {
+  size_t m = h->conf.max_piece_size;
+  return m && m <= SIZE_MAX / 2 ? round_up(m, G) : 0;
+}
+
 static stash_status_t arena_reserve(stash_heap_t* h, sb_arena* a) {
   if (a->reserved) return STASH_OK;
   /* Room for everything the device holds, twice: pages given back at the end and mapped
@@ -714,11 +733,14 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   stash_status_t st = arena_reserve(h, a);
   if (st != STASH_OK) return st;
   size_t step = exact ? 0 : a->grow_bytes / G;
+  size_t limit = a->small ? 0 : piece_limit(h); /* max_piece_size_mb */
+  if (limit && cap_bytes > limit) cap_bytes = limit;
   bool loading = !a->small && !s->freed; /* nothing freed yet: every byte grown stays */
   if (!exact && (a->small || !s->dropped) && a->last_grow_pages &&
       (loading || s->nallocs - a->allocs_at_last_grow <= kBurstAllocs)) {
     size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
     size_t cap = (a->small ? kSmallBurstMax : loading ? kLargePieceMax : kBurstMax) / G;
+    if (limit && cap > limit / G) cap = limit / G; /* a burst of one piece at most */
     if (burst > cap) burst = cap;
     if (burst > step) step = burst;
   }
@@ -1554,8 +1576,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   size_t got = stitch_from_free(h, slot, need, homes);
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
-  bool edges_known = size < kStitchEdgeMin; /* looked for, or none wanted (a small range) */
-  if (!cover_only && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
+  /* looked for, or none wanted (a small range; under pressure every range may have them) */
+  bool edges_known = size < kStitchEdgeMin && !s->pressed;
+  if (!cover_only && !s->pressed && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
     if (!edges_known) stitch_edges(h, slot, &hd, &tl);
     edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
@@ -1771,7 +1794,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
-    bool cover_only = size < kStitchMin && !mid_sized_may_grow_a_range(s, size);
+    bool cover_only = size < kStitchMin && !mid_sized_may_grow_a_range(s, size) && !s->pressed;
     stash_status_t r = stitch_alloc(h, size, slot, cover_only, &st);
     if (r != STASH_OK || !st) block_delete(s, ub);
     if (r != STASH_OK) return r;
@@ -1873,10 +1896,19 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   if (live > s->live_peak) s->live_peak = live;
   if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) s->dropped = true;
   st = try_alloc(h, size, slot, &b);
-  if (st == STASH_ERR_OOM && !h->capturing) { /* no release during a CUDA graph capture */
-    h->stats.num_alloc_retries++;
-    st = release_cache(h);
-    if (st == STASH_OK) st = try_alloc(h, size, slot, &b);
+  if (st == STASH_ERR_OOM) {
+    /* The device is full: a request that may be stitched is, from every whole free
+     * allocation and the best edges, with new memory only for the rest, whatever share of
+     * it they give (pressed); then, if that does not fit either, with the cache released -
+     * not during a CUDA graph capture. */
+    s->pressed = true;
+    if (size >= kStitchCoverMin) st = try_alloc(h, size, slot, &b);
+    if (st == STASH_ERR_OOM && !h->capturing) {
+      h->stats.num_alloc_retries++; /* as PyTorch counts them: a cache flush and a retry */
+      st = release_cache(h);
+      if (st == STASH_OK) st = try_alloc(h, size, slot, &b);
+    }
+    s->pressed = false;
   }
   if (size > kSmallLimit) s->recent[s->nrecent++ % kRecentSizes] = size;
   if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));

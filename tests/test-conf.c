@@ -29,6 +29,7 @@ static void check_conf_equal_(int line, const stash_conf_t* a, const stash_conf_
   CHECK(a->garbage_collection_threshold == b->garbage_collection_threshold);
   CHECK(a->per_process_memory_fraction == b->per_process_memory_fraction);
   CHECK_EQ(a->expandable_segments, b->expandable_segments);
+  CHECK_EQ(a->max_piece_size, b->max_piece_size);
   for (int i = 0; i < NB; i++) CHECK_EQ(a->roundup_power2_divisions[i], b->roundup_power2_divisions[i]);
   if (th_failures != before) fprintf(stderr, "  ^ confs differ (%s), line %d\n", what, line);
 }
@@ -330,7 +331,8 @@ TEST(bad_inputs) {
                                        "large_segment_size_mb", "roundup_power2_divisions",
                                        "garbage_collection_threshold",
                                        "per_process_memory_fraction", "expandable_segments",
-                                       "backend", "release_lock_on_cudamalloc"};
+                                       "max_piece_size_mb", "backend",
+                                       "release_lock_on_cudamalloc"};
     stash_conf_t c;
     stash_conf_init(&c);
     CHECK_EQ(stash_conf_parse(&c, "foo:1"), STASH_ERR_CONF);
@@ -430,7 +432,7 @@ TEST(bad_inputs) {
   EXPECT_BAD("backend:foo", "backend", "'foo'");
 }
 
-/* policy:stash (the default) takes per_process_memory_fraction only: every key of
+/* policy:stash (the default) takes per_process_memory_fraction and max_piece_size_mb: every key of
  * policy:pytorch is refused, named in the message, in any order, and nothing changes. */
 TEST(stash_policy_refuses_pytorch_keys) {
   static const struct {
@@ -494,6 +496,62 @@ TEST(stash_policy_refuses_pytorch_keys) {
   stash_sim_destroy(sim);
 }
 
+/* max_piece_size_mb: policy:stash's one size key - whole MiB from 2 on, refused under
+ * policy:pytorch (in either order, and when a conf that has it switches policy), and a bad
+ * value changes nothing. */
+TEST(max_piece_size_is_policy_stash_s) {
+  stash_conf_t c;
+  stash_conf_init(&c);
+  CHECK_EQ(c.max_piece_size, (size_t)0);
+  CHECK_OK(stash_conf_parse(&c, "max_piece_size_mb:20"));
+  CHECK_EQ(c.max_piece_size, 20 * MiB);
+  CHECK_EQ(c.policy, STASH_POLICY_STASH);
+  CHECK_OK(stash_conf_parse(&c, "policy:stash,max_piece_size_mb:2,per_process_memory_fraction:0.5"));
+  CHECK_EQ(c.max_piece_size, 2 * MiB);
+  CHECK(c.per_process_memory_fraction == 0.5);
+  CHECK_OK(stash_conf_parse(&c, "max_piece_size_mb:99999999999999999"));
+  CHECK_EQ(c.max_piece_size, (SIZE_MAX / MiB) * MiB); /* clamped, as the other MiB keys */
+  static const struct {
+    const char* text;
+    const char* needle;
+  } bad[] = {
+      {"max_piece_size_mb:1", "must be >= 2"},
+      {"max_piece_size_mb:0", "must be >= 2"},
+      {"max_piece_size_mb:-20", "'-20'"},
+      {"max_piece_size_mb:2.5", "'2.5'"},
+      {"max_piece_size_mb:20MB", "'20MB'"},
+      {"max_piece_size_mb:", "expected 'max_piece_size_mb:value'"},
+      {"max_piece_size_mb:20,policy:pytorch", "configures policy:stash"},
+      {"policy:pytorch,max_piece_size_mb:20", "configures policy:stash"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    stash_conf_t saved;
+    stash_conf_init(&c);
+    CHECK_OK(stash_conf_parse(&c, "max_piece_size_mb:64,per_process_memory_fraction:0.75"));
+    memcpy(&saved, &c, sizeof c);
+    CHECK_EQ(stash_conf_parse(&c, bad[k].text), STASH_ERR_CONF);
+    CHECK(memcmp(&c, &saved, sizeof c) == 0);
+    CHECK_STR_CONTAINS(stash_last_error(), "max_piece_size_mb");
+    CHECK_STR_CONTAINS(stash_last_error(), bad[k].needle);
+  }
+  /* a conf with it cannot switch to policy:pytorch; one under policy:pytorch cannot take it */
+  stash_conf_t saved;
+  stash_conf_init(&c);
+  CHECK_OK(stash_conf_parse(&c, "max_piece_size_mb:20"));
+  saved = c;
+  CHECK_EQ(stash_conf_parse(&c, "policy:pytorch"), STASH_ERR_CONF);
+  CHECK(memcmp(&c, &saved, sizeof c) == 0);
+  pytorch_init(&c);
+  c.max_piece_size = 20 * MiB; /* a struct filled by hand is checked when a heap is made */
+  stash_sim_t* sim = NULL;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  stash_heap_t* h = NULL;
+  CHECK_EQ(stash_heap_create(&c, stash_sim_provider(sim), 0, &h), STASH_ERR_CONF);
+  CHECK(h == NULL);
+  CHECK_STR_CONTAINS(stash_last_error(), "max_piece_size_mb");
+  stash_sim_destroy(sim);
+}
+
 TEST(max_split_not_below_large_segment) {
   /* in one text, in either order */
   EXPECT_BAD("large_segment_size_mb:40,max_split_size_mb:30", "max_split_size_mb", NULL);
@@ -539,6 +597,7 @@ static void check_format_keys_(int line, const stash_conf_t* c, const char* text
            c->per_process_memory_fraction != d.per_process_memory_fraction);
   CHECK_EQ(strstr(text, "expandable_segments:") != NULL,
            c->expandable_segments != d.expandable_segments);
+  CHECK_EQ(strstr(text, "max_piece_size_mb:") != NULL, c->max_piece_size != d.max_piece_size);
   CHECK(strstr(text, "backend") == NULL);
   if (th_failures != before) fprintf(stderr, "  ^ formatted \"%s\" (line %d)\n", text, line);
 }
@@ -620,11 +679,16 @@ TEST(format_round_trips) {
     stash_conf_t c = PARSED(texts[k]);
     CHECK_ROUND_TRIP(&c);
   }
-  /* policy:stash, alone and with the one key it takes */
+  /* policy:stash, alone and with the two keys it takes */
   stash_conf_t c;
   stash_conf_init(&c);
   CHECK_ROUND_TRIP(&c);
   c.per_process_memory_fraction = 0.25;
+  CHECK_ROUND_TRIP(&c);
+  c.max_piece_size = 20 * MiB;
+  CHECK_ROUND_TRIP(&c);
+  c.per_process_memory_fraction = 1.0;
+  c.max_piece_size = (SIZE_MAX / MiB) * MiB; /* the largest a text can give */
   CHECK_ROUND_TRIP(&c);
   /* values set directly: fractions that need all 17 digits, arbitrary bucket arrays */
   pytorch_init(&c);
@@ -682,6 +746,7 @@ int main(void) {
   RUN(bad_inputs);
   RUN(max_split_not_below_large_segment);
   RUN(stash_policy_refuses_pytorch_keys);
+  RUN(max_piece_size_is_policy_stash_s);
   RUN(format_defaults);
   RUN(format_round_trips);
   RUN(format_truncates_like_snprintf);

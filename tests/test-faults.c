@@ -259,12 +259,48 @@ static void script_stash_give_back(run_t* r) {
   op_empty(r);
 }
 
+/* policy:stash with max_piece_size_mb:20 on a full device: growths in 20 MiB pieces, and a
+ * request the rules would grow the arena for, which the device cannot hold, stitched
+ * "pressed" from a hole's whole allocations, a head and new memory; then served again from
+ * its cached range, and empty_cache. Capacity 1 GiB. */
+static void quiet_small(run_t* r) {
+  for (int i = 0; i < 21; i++) { /* apart from the next growth: no burst */
+    op_alloc(r, 31, 1000, S1);
+    op_free(r, 31);
+  }
+}
+
+static void script_stash_pressed(run_t* r) {
+  op_alloc(r, 15, 1000, S1); /* a free first: not a model being loaded */
+  op_free(r, 15);
+  op_alloc(r, 0, 1000, S1); /* the small arena stays */
+  quiet_small(r);
+  op_alloc(r, 1, 64 * MiB, S1); /* A: 20 + 20 + 20 + 4 MiB */
+  quiet_small(r);
+  op_alloc(r, 2, 100 * MiB, S1); /* B: 5 x 20 MiB */
+  if (r->clean) CHECK_EQ(fx_stats(&r->f).segment[STASH_STAT_LARGE].current, 9);
+  op_free(r, 1);
+  op_alloc(r, 3, 10 * MiB, S1); /* A's front: 44 MiB of whole allocations behind it, a head */
+  op_alloc(r, 4, 900 * MiB, S1); /* 858 MiB left on the device: stitched, pressed */
+  if (r->clean) CHECK(in_stitched_range(r, r->p[4]));
+  void* x = r->p[4];
+  op_free(r, 4);
+  op_alloc(r, 5, 900 * MiB, S1); /* the cached range again */
+  if (r->clean) CHECK(r->p[5] == x);
+  op_free(r, 5);
+  op_empty(r);
+  op_free(r, 3);
+  op_free(r, 2);
+  op_empty(r);
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
   memset(&r, 0, sizeof r);
   bool turns = strstr(conf, "#turns") != NULL; /* the second policy:stash script */
   bool give_back = strstr(conf, "#give_back") != NULL; /* the third */
+  bool pressed = strstr(conf, "#pressed") != NULL;     /* the fourth */
   bool stash = strstr(conf, "policy:stash") != NULL;
   char heap_conf[64];
   snprintf(heap_conf, sizeof heap_conf, "%.*s", (int)strcspn(conf, "#"), conf);
@@ -273,13 +309,14 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  if (give_back) script_stash_give_back(&r);
+  if (pressed) script_stash_pressed(&r);
+  else if (give_back) script_stash_give_back(&r);
   else if (turns) script_stash_turns(&r);
   else if (stash) script_stash(&r);
   else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
-  if ((turns || give_back) && !nth && p == 0) CHECK_EQ(r.failures, 0);
-  if (!turns && !give_back && !nth && p == 0 && call == STASH_CALL_ANY) {
+  if ((turns || give_back || pressed) && !nth && p == 0) CHECK_EQ(r.failures, 0);
+  if (!turns && !give_back && !pressed && !nth && p == 0 && call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
     bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
@@ -344,6 +381,7 @@ static const char* const k_confs[] = {
     "policy:stash",
     "policy:stash#turns", /* script_stash_turns (the heap sees "policy:stash") */
     "policy:stash#give_back", /* script_stash_give_back */
+    "policy:stash,max_piece_size_mb:20#pressed", /* script_stash_pressed */
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",

@@ -1716,6 +1716,121 @@ TEST(a_request_under_48_MiB_is_never_stitched) {
   fx_close(&f);
 }
 
+/* Under pressure (the device cannot serve a request as the rules place it), the request is
+ * stitched from what the holes give, however little: here the free end of a partly used
+ * allocation (54 of 64 MiB) and new memory for the rest. As the rules place it, it would grow
+ * the arena by all 300 MiB (the 54 MiB are under half of it), which the device no longer
+ * holds, and releasing the cache gives nothing back: the 54 MiB lie in an allocation a live
+ * block still uses. Without pressure the same request grows the arena. */
+static void partly_free_layout(fixture_t* f, void** x, void** y) {
+  quiet(f, S1);
+  void* a = fx_alloc(f, 64 * MiB, S1); /* one allocation of 64 MiB */
+  quiet(f, S1);
+  *y = fx_alloc(f, 100 * MiB, S1); /* the next one, 100 MiB, live */
+  fx_free(f, a);
+  *x = fx_alloc(f, 10 * MiB, S1); /* the front of a's: 54 MiB free behind it, in a hole */
+  CHECK_EQ(STAT(f, reserved_bytes, LARGE, current), 164 * (int64_t)MiB);
+  quiet(f, S1);
+}
+
+TEST(a_full_device_stitches_what_the_holes_give) {
+  for (int pressed = 0; pressed < 2; pressed++) {
+    fixture_t f;
+    /* 2 MiB small arena + 164 MiB large: 260 MiB left on a 426 MiB device, under 300 */
+    if (!fx_open(&f, "policy:stash", pressed ? 426 * MiB : 0)) return;
+    void* keep = not_loading(&f); /* a live small block: the small arena gives nothing back */
+    void *x, *y;
+    partly_free_layout(&f, &x, &y);
+    void* z = fx_alloc(&f, 300 * MiB, S1);
+    find_t q = find(&f, z);
+    stash_stats_t st = fx_stats(&f);
+    if (pressed) { /* the head's 54 MiB and 246 new */
+      CHECK(q.in_stitched);
+      CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (164 + 246) * (int64_t)MiB);
+      CHECK_EQ(st.num_alloc_retries, 0); /* served before any cache flush */
+    } else { /* the arena grows by the whole request */
+      CHECK(!q.in_stitched);
+      CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (164 + 300) * (int64_t)MiB);
+    }
+    CHECK_EQ(st.num_ooms, 0);
+    CHECK(!phys_overlap(&f, z, 300 * MiB, x, 10 * MiB));
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, z);
+    fx_free(&f, x);
+    fx_free(&f, y);
+    fx_free(&f, keep);
+    fx_close(&f);
+  }
+}
+
+/* max_piece_size_mb: no physical allocation of the large arena is larger - a growth, a burst
+ * while a model is loaded, a stitched range's new memory - so a freed block more often leaves
+ * whole allocations behind; without it the same requests come in 100, 200 MiB allocations. */
+static int64_t segments_made(fixture_t* f, size_t bytes) {
+  int64_t before = STAT(f, segment, LARGE, current);
+  quiet(f, S1);
+  void* p = fx_alloc(f, bytes, S1);
+  int64_t n = STAT(f, segment, LARGE, current) - before;
+  fx_free(f, p);
+  return n;
+}
+
+TEST(max_piece_size_caps_every_physical_allocation) {
+  for (int capped = 0; capped < 2; capped++) {
+    fixture_t f;
+    if (!fx_open(&f, capped ? "policy:stash,max_piece_size_mb:20" : "policy:stash", 0)) return;
+    /* a model being loaded: 25 MiB parameters, growths doubling up to 192 MiB (26, 52, 104,
+     * 192) - or, capped, each the exact need (26, then 24 with the 1 MiB left, ...) in
+     * pieces of at most 20 MiB (20 + 6, 20 + 4) */
+    void *param[8], *small[8][21];
+    for (int i = 0; i < 8; i++) {
+      for (int k = 0; k < 21; k++) small[i][k] = fx_alloc(&f, 1000, S1); /* growths apart */
+      param[i] = fx_alloc(&f, 25 * MiB, S1);
+    }
+    int64_t reserved = STAT(&f, reserved_bytes, LARGE, current);
+    CHECK_EQ(reserved, (capped ? 4 * 26 + 4 * 24 : 26 + 52 + 104 + 192) * (int64_t)MiB);
+    CHECK_EQ(STAT(&f, segment, LARGE, current), capped ? 16 : 4);
+    /* the arena's free end taken (none when capped), a free (loading is over), a live wall */
+    int64_t tail = reserved - 8 * 25 * (int64_t)MiB;
+    void* fill = tail ? fx_alloc(&f, (size_t)tail, S1) : NULL;
+    fx_free(&f, fx_alloc(&f, 1000, S1));
+    quiet(&f, S1);
+    void* wall = fx_alloc(&f, 10 * MiB, S1);
+    /* a growth for a 100 MiB request that no free block holds: 5 pieces, or 1 */
+    CHECK_EQ(segments_made(&f, 100 * MiB), capped ? 5 : 1);
+    /* a stitched range's new memory: the parameters freed leave a 200 MiB hole (uncapped,
+     * 182 MiB of whole allocations and 18 at the start of the one the fill holds: the range's
+     * tail); 500 MiB is stitched from it, the free 100 MiB at the arena's end, and 200 new */
+    for (int i = 0; i < 8; i++) fx_free(&f, param[i]);
+    reserved = STAT(&f, reserved_bytes, LARGE, current);
+    int64_t before = STAT(&f, segment, LARGE, current);
+    void* z = fx_alloc(&f, 500 * MiB, S1);
+    CHECK(find(&f, z).in_stitched);
+    int64_t made = STAT(&f, segment, LARGE, current) - before;
+    int64_t grown = STAT(&f, reserved_bytes, LARGE, current) - reserved;
+    CHECK_EQ(grown, 200 * (int64_t)MiB);
+    CHECK_EQ(made, capped ? 10 : 1); /* uncapped: up to 1 GiB a piece */
+    /* the range, page by page: no physical allocation behind it is longer than the cap */
+    size_t longest = 0;
+    for (size_t off = 0; off < 500 * MiB;) {
+      size_t run = 0;
+      phys_of(&f, (char*)z + off, &run);
+      if (!run) break;
+      if (run > longest) longest = run;
+      off += run;
+    }
+    if (capped) CHECK(longest <= 20 * MiB);
+    else CHECK(longest > 20 * MiB);
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, z);
+    fx_free(&f, wall);
+    if (fill) fx_free(&f, fill);
+    for (int i = 0; i < 8; i++)
+      for (int k = 0; k < 21; k++) fx_free(&f, small[i][k]);
+    fx_close(&f);
+  }
+}
+
 /* A small request that fits both on pages a cached stitched range maps and elsewhere goes
  * elsewhere, even where that fits less well: the range's block, requested again, finds its
  * memory free and needs no new range (no provider call). */
@@ -2045,6 +2160,8 @@ int main(void) {
   RUN(a_small_request_in_the_large_arena_keeps_off_the_pages_of_a_cached_range);
   RUN(a_mid_sized_request_is_stitched_only_from_free_memory);
   RUN(a_request_under_48_MiB_is_never_stitched);
+  RUN(a_full_device_stitches_what_the_holes_give);
+  RUN(max_piece_size_caps_every_physical_allocation);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   RUN(random_operations_keep_the_heap_consistent);

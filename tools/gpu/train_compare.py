@@ -3,7 +3,10 @@
 losses, peak reserved bytes, step times. Run once per setting, each in a fresh process.
 
   train_compare.py --model resnet50|gpt2 --alloc pytorch|stash --conf CONF [--steps 20]
-                   [--batch N] [--record SNAPSHOT.pickle] [--empty-cache]
+                   [--batch N] [--record SNAPSHOT.pickle] [--empty-cache] [--fraction F]
+
+--fraction: torch.cuda.set_per_process_memory_fraction(F) before the first allocation (the
+allocator's reserved memory capped at F of the device: a smaller GPU).
 
 --record (with --alloc pytorch): record every allocation from the first one on
 (torch.cuda.memory._record_memory_history) and dump PyTorch's snapshot at the end: a trace
@@ -39,6 +42,8 @@ ap.add_argument("--conf", default="")
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--batch", type=int, default=0)
 ap.add_argument("--record", default="")
+ap.add_argument("--fraction", type=float, default=0.0,
+                help="torch.cuda.set_per_process_memory_fraction(F) before the first allocation")
 ap.add_argument("--empty-cache", action="store_true",
                 help="torch.cuda.empty_cache() after every step (memory given back and taken again)")
 args = ap.parse_args()
@@ -58,6 +63,8 @@ import torch.nn.functional as F  # noqa: E402
 if args.alloc == "stash":
     import stash  # noqa: E402
     stash.torch.install(args.conf or None)
+if args.fraction:
+    torch.cuda.set_per_process_memory_fraction(args.fraction, 0)
 elif args.record:
     torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=4_000_000)
 

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""At the device's limit: the real traces replayed on a device just large enough for
+expandable segments (the smallest device it completes them on, found by tools/min_capacity.py
+and pinned here). policy:stash with max_piece_size_mb:20 completes them there; policy:stash
+without it runs out of memory (its pieces of up to 192 MiB leave free memory in allocations a
+live block still holds). Then tools/min_capacity.py itself: the boundary it reports completes
+and 2 MiB less does not, larger devices complete too, and bad arguments are refused.
+
+  test_device_limit.py TOOL STASH_REPLAY DATA_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+MiB = 1 << 20
+# trace: expandable segments' smallest device, MiB (tools/min_capacity.py --sets shared)
+EXPANDABLE_LIMIT = {"gpt2_train": 13070, "bert_varlen_train": 12196,
+                    "gpt2_sidestream_train": 13072}
+
+
+def replay(exe, trace, conf, capacity):
+    p = subprocess.run([exe, "--json", "--capacity", str(capacity), "--conf", conf, trace],
+                       capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit("stash-replay failed: " + p.stderr)
+    return json.loads(p.stdout.splitlines()[0])
+
+
+def main():
+    tool, exe, data = sys.argv[1:4]
+    traces = os.path.join(data, "traces")
+    bad = []
+    for name, limit in EXPANDABLE_LIMIT.items():
+        path = os.path.join(traces, name + ".csv.gz")
+        cap = limit * MiB
+        got = {c: replay(exe, path, c, cap)["ooms"] for c in
+               ("policy:pytorch,expandable_segments:True", "policy:stash,max_piece_size_mb:20",
+                "policy:stash")}
+        if got["policy:pytorch,expandable_segments:True"] != 0:
+            bad.append("%s: expandable segments fail at %d MiB: %s" % (name, limit, got))
+        if got["policy:stash,max_piece_size_mb:20"] != 0:
+            bad.append("%s: max_piece_size_mb:20 fails at %d MiB: %s" % (name, limit, got))
+        if got["policy:stash"] == 0:
+            bad.append("%s: policy:stash (pieces of its own) completes at %d MiB: the case "
+                       "for max_piece_size_mb is gone - update the README" % (name, limit))
+    # the tool's boundary, on the smallest shared trace
+    path = os.path.join(traces, "resnet50_train.csv.gz")
+    p = subprocess.run([sys.executable, tool, "--replay", exe, "--json", "--conf", "policy:stash",
+                        "--conf", "policy:stash,max_piece_size_mb:20", path],
+                       capture_output=True, text=True)
+    if p.returncode:
+        bad.append("min_capacity.py failed: " + p.stderr)
+    else:
+        row = json.loads(p.stdout.splitlines()[0])
+        for conf, r in row["confs"].items():
+            m = r["min_capacity"]
+            if not m or m % (2 * MiB) or not r["peak_live"] <= m:
+                bad.append("%s: boundary %r" % (conf, r))
+                continue
+            if replay(exe, path, conf, m)["ooms"]:
+                bad.append("%s: fails at its boundary %d" % (conf, m))
+            if not replay(exe, path, conf, m - 2 * MiB)["ooms"]:
+                bad.append("%s: completes 2 MiB under its boundary %d" % (conf, m))
+            for more in (2, 16, 64):
+                if replay(exe, path, conf, m + more * MiB)["ooms"]:
+                    bad.append("%s: fails %d MiB above its boundary" % (conf, more))
+    for args, needle in (([], "give traces or --sets"), (["--sets", "nosuchset"], "nosuchset")):
+        p = subprocess.run([sys.executable, tool, "--replay", exe] + args, capture_output=True,
+                           text=True)
+        if p.returncode == 0 or needle not in p.stderr:
+            bad.append("%s: rc %d, %r" % (args, p.returncode, p.stderr[-200:]))
+    for b in bad:
+        print("FAIL:", b)
+    print("device limit: %d problem(s)" % len(bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
