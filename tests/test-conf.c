@@ -432,8 +432,8 @@ TEST(bad_inputs) {
   EXPECT_BAD("backend:foo", "backend", "'foo'");
 }
 
-/* policy:stash (the default) takes per_process_memory_fraction and max_piece_size_mb: every key of
- * policy:pytorch is refused, named in the message, in any order, and nothing changes. */
+/* policy:stash (the default) takes per_process_memory_fraction and max_piece_size_mb: every
+ * key of policy:pytorch is refused, named in the message, in any order, and nothing changes. */
 TEST(stash_policy_refuses_pytorch_keys) {
   static const struct {
     const char* text;
