@@ -323,9 +323,10 @@ STASH_HIDDEN void _stash_history_free(stash_history_t* hist);
 /* Count an out-of-memory failure, record it, and set the error message: orig bytes asked
  * for (needed: what the policy would have had to get, e.g. "a segment of 20.00 MiB", or
  * NULL), the device's free memory, and the heap's allocated, unused and largest free
- * block. Lock held. Returns STASH_ERR_OOM. */
+ * block, then `advice` (a sentence, or NULL). Lock held. Returns STASH_ERR_OOM. */
 STASH_HIDDEN stash_status_t _stash_report_oom(stash_heap_t* h, size_t orig, void* stream,
-                                              const char* needed, size_t largest_free);
+                                              const char* needed, size_t largest_free,
+                                              const char* advice);
 
 /* Keep the first failure of several steps: first = first or x's status. */
 #define _STASH_KEEP_FIRST(first, x)                       \

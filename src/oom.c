@@ -5,7 +5,7 @@
 #include "internal.h"
 
 stash_status_t _stash_report_oom(stash_heap_t* h, size_t orig, void* stream, const char* needed,
-                                 size_t largest_free) {
+                                 size_t largest_free, const char* advice) {
   h->stats.num_ooms++;
   size_t dev_free = 0, dev_total = 0;
   bool info = _STASH_PCALL(h, mem_info, h->device, &dev_free, &dev_total) == STASH_OK;
@@ -33,7 +33,7 @@ stash_status_t _stash_report_oom(stash_heap_t* h, size_t orig, void* stream, con
   return _stash_error(STASH_ERR_OOM,
                       "out of memory: tried to allocate %s (%zu bytes requested%s%s%s). %s%s Of "
                       "its memory, this heap has %s allocated and %s reserved but unallocated; "
-                      "its largest free block is %s.",
+                      "its largest free block is %s.%s%s",
                       req, orig, needed ? "; " : "", needed ? needed : "", needed ? " needed" : "",
-                      dev, allowed, al, cached, largest);
+                      dev, allowed, al, cached, largest, advice ? " " : "", advice ? advice : "");
 }

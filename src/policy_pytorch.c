@@ -939,7 +939,7 @@ static stash_status_t report_oom(stash_heap_t* h, size_t orig_size, const alloc_
   _stash_format_size(p->expandable_active ? orig_size : p->alloc_size, size, sizeof size);
   snprintf(needed, sizeof needed, "%s%s", p->expandable_active ? "pages for " : "a segment of ",
            size);
-  return _stash_report_oom(h, orig_size, p->stream, needed, largest_free_block(S(h)));
+  return _stash_report_oom(h, orig_size, p->stream, needed, largest_free_block(S(h)), NULL);
 }
 
 /* ---- The policy's entry points ------------------------------------------------------------ */

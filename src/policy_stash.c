@@ -1869,7 +1869,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
    * cache can make room for it, so the cache stays, and no range is planned for it (its page
    * list alone would be host memory for nothing: 400 GB for a request of 200 PB). */
   if (size > h->device_total || (h->has_limit && size > h->allowed_max))
-    return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
+    return _stash_report_oom(h, orig, stream, NULL, largest_free(s), NULL);
   sb_block* b = NULL;
   s->nallocs++;
   if (size <= kSmallLimit && s->ncached) { /* the fast path: a cached block of this size */
@@ -1911,7 +1911,19 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     s->pressed = false;
   }
   if (size > kSmallLimit) s->recent[s->nrecent++ % kRecentSizes] = size;
-  if (st == STASH_ERR_OOM) return _stash_report_oom(h, orig, stream, NULL, largest_free(s));
+  if (st == STASH_ERR_OOM) {
+    /* Memory held free that no request of this size could use: smaller pieces would let a
+     * stitched range map more of it (README, "At the device's limit"). */
+    int64_t unused = h->stats.reserved_bytes[STASH_STAT_ALL].current -
+                     h->stats.allocated_bytes[STASH_STAT_ALL].current;
+    bool advise = !piece_limit(h) && unused >= (int64_t)G;
+    return _stash_report_oom(h, orig, stream, NULL, largest_free(s),
+                             advise ? "The memory reserved but unallocated lies in physical "
+                                      "allocations that live blocks share; at the device's "
+                                      "limit, STASH_CONF max_piece_size_mb:20 makes them "
+                                      "smaller, so that more of it can serve a request."
+                                    : NULL);
+  }
   if (st != STASH_OK) return st;
   if (!block_small(b)) /* a large block: tell the loop detector */
     b->loop_id = _stash_loop_alloc(&s->loop, b->size,

@@ -1763,6 +1763,30 @@ TEST(a_full_device_stitches_what_the_holes_give) {
   }
 }
 
+/* When even a pressed range does not fit and memory the heap holds stays unused (free parts
+ * of allocations live blocks share), the out-of-memory message says that smaller pieces
+ * could use it - unless they are small already (max_piece_size_mb set). */
+TEST(out_of_memory_advises_smaller_pieces) {
+  for (int capped = 0; capped < 2; capped++) {
+    fixture_t f;
+    if (!fx_open(&f, capped ? "policy:stash,max_piece_size_mb:20" : "policy:stash", 426 * MiB))
+      return;
+    void* keep = not_loading(&f);
+    void *x, *y;
+    partly_free_layout(&f, &x, &y);
+    void* z = (void*)0x1;
+    CHECK_EQ(stash_heap_alloc(f.heap, 350 * MiB, S1, &z), STASH_ERR_OOM); /* 296 new > 260 */
+    CHECK(z == NULL);
+    CHECK_STR_CONTAINS(stash_last_error(), "out of memory: tried to allocate 350.00 MiB");
+    CHECK_EQ(strstr(stash_last_error(), "max_piece_size_mb:20") != NULL, !capped);
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, x);
+    fx_free(&f, y);
+    fx_free(&f, keep);
+    fx_close(&f);
+  }
+}
+
 /* max_piece_size_mb: no physical allocation of the large arena is larger - a growth, a burst
  * while a model is loaded, a stitched range's new memory - so a freed block more often leaves
  * whole allocations behind; without it the same requests come in 100, 200 MiB allocations. */
@@ -2161,6 +2185,7 @@ int main(void) {
   RUN(a_mid_sized_request_is_stitched_only_from_free_memory);
   RUN(a_request_under_48_MiB_is_never_stitched);
   RUN(a_full_device_stitches_what_the_holes_give);
+  RUN(out_of_memory_advises_smaller_pieces);
   RUN(max_piece_size_caps_every_physical_allocation);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
