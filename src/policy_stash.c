@@ -334,7 +334,6 @@ typedef struct sb_state_s {
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
   bool freed;          /* a block has been freed since nothing was live (else: loading) */
-  bool pressed;        /* retrying a request the device could not serve (sb_alloc) */
   size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
   uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
 } sb_state;
@@ -1534,9 +1533,10 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
 
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
  * free, else a new one if the holes give enough of it (`cover_only`: if whole free allocations
- * cover all of it, with no new memory); else *out = NULL: grow the arena. */
+ * cover all of it, with no new memory; `pressed`: whatever share they give); else *out = NULL:
+ * grow the arena. */
 static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, bool cover_only,
-                                   sb_stitch** out) {
+                                   bool pressed, sb_stitch** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[1];
   sb_stitch* best = NULL;
@@ -1577,8 +1577,8 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   size_t got = stitch_from_free(h, slot, need, homes);
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
   /* looked for, or none wanted (a small range; under pressure every range may have them) */
-  bool edges_known = size < kStitchEdgeMin && !s->pressed;
-  if (!cover_only && !s->pressed && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
+  bool edges_known = size < kStitchEdgeMin && !pressed;
+  if (!cover_only && !pressed && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
     if (!edges_known) stitch_edges(h, slot, &hd, &tl);
     edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
@@ -1761,7 +1761,10 @@ static size_t large_piece(stash_heap_t* h, size_t size) {
   return piece_bytes(size, kLargePieceMax, kLargePieces, G);
 }
 
-static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_block** out) {
+/* One placement of a request by the rules above; `pressed`: the device could not serve it as
+ * they place it (sb_alloc's retry). */
+static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, bool pressed,
+                                sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
   if (!a->small) {
@@ -1794,8 +1797,8 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, sb_
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
-    bool cover_only = size < kStitchMin && !mid_sized_may_grow_a_range(s, size) && !s->pressed;
-    stash_status_t r = stitch_alloc(h, size, slot, cover_only, &st);
+    bool cover_only = size < kStitchMin && !mid_sized_may_grow_a_range(s, size) && !pressed;
+    stash_status_t r = stitch_alloc(h, size, slot, cover_only, pressed, &st);
     if (r != STASH_OK || !st) block_delete(s, ub);
     if (r != STASH_OK) return r;
     if (!st) goto grow;
@@ -1895,20 +1898,18 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   }
   if (live > s->live_peak) s->live_peak = live;
   if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) s->dropped = true;
-  st = try_alloc(h, size, slot, &b);
+  st = try_alloc(h, size, slot, false, &b);
   if (st == STASH_ERR_OOM) {
     /* The device is full: a request that may be stitched is, from every whole free
      * allocation and the best edges, with new memory only for the rest, whatever share of
      * it they give (pressed); then, if that does not fit either, with the cache released -
      * not during a CUDA graph capture. */
-    s->pressed = true;
-    if (size >= kStitchCoverMin) st = try_alloc(h, size, slot, &b);
+    if (size >= kStitchCoverMin) st = try_alloc(h, size, slot, true, &b);
     if (st == STASH_ERR_OOM && !h->capturing) {
       h->stats.num_alloc_retries++; /* as PyTorch counts them: a cache flush and a retry */
       st = release_cache(h);
-      if (st == STASH_OK) st = try_alloc(h, size, slot, &b);
+      if (st == STASH_OK) st = try_alloc(h, size, slot, true, &b);
     }
-    s->pressed = false;
   }
   if (size > kSmallLimit) s->recent[s->nrecent++ % kRecentSizes] = size;
   if (st == STASH_ERR_OOM) {
