@@ -129,10 +129,14 @@ STASH_HIDDEN stash_status_t _stash_default_heap_sibling(int device, stash_heap_t
 /* ---- loop.c: notices a repeating loop of large allocations (turn replay) ---------------- */
 
 #define STASH_LOOP_NONE UINT64_MAX
+/* An allocation's place with this bit set is not an arena offset but the number of the
+ * place it went to outside the arena (policy:stash: a stitched range), in the low 32 bits. */
+#define STASH_LOOP_ELSEWHERE ((uint64_t)1 << 63)
 
 typedef struct stash_loop_ev_s { /* one allocation or free */
   uint64_t code;   /* an allocation of some size, or the free of one made some events before */
-  uint64_t offset; /* where an allocation went in the arena, or STASH_LOOP_NONE */
+  uint64_t offset; /* where an allocation went: an arena offset, STASH_LOOP_ELSEWHERE | n, or
+                      STASH_LOOP_NONE */
   int64_t live;    /* bytes allocated less bytes freed, after this event */
   uint64_t freed;  /* an allocation: the event that freed it (0 while it lives) */
   uint64_t same;   /* an allocation: the one of its size before it, + 1 (0: none known) */
@@ -152,15 +156,16 @@ typedef struct stash_loop_s {
 
 STASH_HIDDEN void _stash_loop_init(stash_loop_t* L);
 STASH_HIDDEN void _stash_loop_free(stash_loop_t* L);
-/* Record an allocation of size bytes placed at offset in the arena (STASH_LOOP_NONE:
- * elsewhere); returns its event number, for _stash_loop_freed. */
+/* Record an allocation of size bytes placed at offset in the arena (STASH_LOOP_ELSEWHERE |
+ * n: in place n outside it; STASH_LOOP_NONE: unknown); returns its event number, for
+ * _stash_loop_freed. */
 STASH_HIDDEN uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset);
 /* Record the free of allocation `id` (STASH_LOOP_NONE if it has none) of size bytes. */
 STASH_HIDDEN void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size);
 /* Whether the allocation of size bytes about to happen is the counterpart of one a turn
  * earlier (when that one still lives: the allocation of its size it lived beside, two turns
- * earlier where the turns align), within a loop whose period holds, and the offset that one
- * got. */
+ * earlier where the turns align), within a loop whose period holds, and the place that one
+ * got (an arena offset, or STASH_LOOP_ELSEWHERE | n). */
 STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset);
 /* Where the allocations that the one about to happen will live beside are likely to go:
  * when it has a counterpart (as for _stash_loop_hint, whatever the offset that one got), the

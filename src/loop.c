@@ -201,7 +201,7 @@ bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2]
   uint64_t to = x->freed && x->freed < e ? x->freed : e; /* the counterpart's life, this far */
   for (uint64_t j = from; j < to && *n < max; j++) {
     const stash_loop_ev_t* y = at(L, j); /* j > x's event >= base: j - 1 is held too */
-    if (y->offset != STASH_LOOP_NONE) { /* an allocation in the arena: its bytes from live's */
+    if (y->offset < STASH_LOOP_ELSEWHERE) { /* one in the arena: its bytes from live's */
       out[*n][0] = y->offset;
       out[(*n)++][1] = (uint64_t)(y->live - at(L, j - 1)->live);
     }

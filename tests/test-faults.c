@@ -7,8 +7,9 @@
  * allocation statistics as they were, a failed free must leave the block allocated (it is
  * freed again later). At the end everything is freed, the heap destroyed, and the
  * simulated device must hold nothing: no leak. Then the same with random failures.
- * policy:stash runs two scripts ("policy:stash#turns" names the second: the heap sees
- * "policy:stash"), each of whose clean run reaches the branches it is there for.
+ * policy:stash runs five scripts ("policy:stash#turns", "#give_back", "#pressed" and
+ * "#ranges" name the last four: the heap sees the configuration before the '#'), each of
+ * whose clean run reaches the branches it is there for.
  */
 #include "fixture.h"
 
@@ -294,6 +295,27 @@ static void script_stash_pressed(run_t* r) {
   op_empty(r);
 }
 
+/* policy:stash's turn replay of a stitched block: turns of 40, 150 and 60 MiB, each freed
+ * three allocations later; from the sixth turn the 150 MiB block is stitched in its
+ * counterpart's range, two turns back (test-stash's
+ * turn_replay_gives_a_stitched_block_its_counterparts_range). Capacity 1 GiB. */
+static void script_stash_ranges(run_t* r) {
+  static const size_t mib[3] = {40, 150, 60};
+  uintptr_t at[8] = {0};
+  for (int n = 0; n < 8 * 3; n++) {
+    int slot = n % 4;
+    op_alloc(r, slot, mib[n % 3] * MiB, S1);
+    if (n % 3 == 1) at[n / 3] = (uintptr_t)r->p[slot];
+    if (r->clean && n % 3 == 1 && n / 3 >= 5) {
+      CHECK(in_stitched_range(r, r->p[slot]));
+      CHECK_EQ(at[n / 3], at[n / 3 - 2]);
+    }
+    if (n >= 3) op_free(r, (n - 3) % 4);
+  }
+  for (int slot = 0; slot < 4; slot++) op_free(r, slot);
+  op_empty(r);
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
@@ -301,6 +323,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   bool turns = strstr(conf, "#turns") != NULL; /* the second policy:stash script */
   bool give_back = strstr(conf, "#give_back") != NULL; /* the third */
   bool pressed = strstr(conf, "#pressed") != NULL;     /* the fourth */
+  bool ranges = strstr(conf, "#ranges") != NULL;       /* the fifth */
   bool stash = strstr(conf, "policy:stash") != NULL;
   char heap_conf[64];
   snprintf(heap_conf, sizeof heap_conf, "%.*s", (int)strcspn(conf, "#"), conf);
@@ -309,14 +332,15 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  if (pressed) script_stash_pressed(&r);
+  if (ranges) script_stash_ranges(&r);
+  else if (pressed) script_stash_pressed(&r);
   else if (give_back) script_stash_give_back(&r);
   else if (turns) script_stash_turns(&r);
   else if (stash) script_stash(&r);
   else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
-  if ((turns || give_back || pressed) && !nth && p == 0) CHECK_EQ(r.failures, 0);
-  if (!turns && !give_back && !pressed && !nth && p == 0 && call == STASH_CALL_ANY) {
+  if ((turns || give_back || pressed || ranges) && !nth && p == 0) CHECK_EQ(r.failures, 0);
+  if (!turns && !give_back && !pressed && !ranges && !nth && p == 0 && call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
     bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
@@ -382,6 +406,7 @@ static const char* const k_confs[] = {
     "policy:stash#turns", /* script_stash_turns (the heap sees "policy:stash") */
     "policy:stash#give_back", /* script_stash_give_back */
     "policy:stash,max_piece_size_mb:20#pressed", /* script_stash_pressed */
+    "policy:stash#ranges", /* script_stash_ranges */
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",

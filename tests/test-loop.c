@@ -88,8 +88,8 @@ TEST(a_change_ends_the_hints_until_the_turn_repeats_again) {
   _stash_loop_free(&L);
 }
 
-TEST(allocations_outside_the_arena_get_no_hint) {
-  /* a stitched block's offset is STASH_LOOP_NONE: its counterpart is not hinted */
+TEST(allocations_placed_unknown_get_no_hint) {
+  /* an allocation whose place is STASH_LOOP_NONE: its counterpart is not hinted */
   stash_loop_t L;
   _stash_loop_init(&L);
   int hinted = 0, asked = 0;
@@ -107,7 +107,37 @@ TEST(allocations_outside_the_arena_get_no_hint) {
     }
   }
   CHECK_EQ(asked, 12);
-  CHECK_EQ(hinted, 9); /* every turn, all but the stitched one */
+  CHECK_EQ(hinted, 9); /* every turn, all but the one placed unknown */
+  _stash_loop_free(&L);
+}
+
+/* A place outside the arena (policy:stash: stitched range number n) is hinted as it was
+ * given, and left out of forecasts, which are arena offsets and sizes. */
+TEST(a_place_outside_the_arena_is_hinted_and_not_forecast) {
+  stash_loop_t L;
+  _stash_loop_init(&L);
+  int right = 0;
+  for (int t = 0; t < 8; t++) {
+    uint64_t off = 0, fc[8][2];
+    size_t n = 99;
+    if (t >= 4) { /* the first allocation lives beside the other two; only the third is forecast */
+      CHECK(_stash_loop_forecast(&L, 10 * MiB, fc, 8, &n));
+      CHECK_EQ(n, 1);
+      CHECK_EQ(fc[0][0], 64 * MiB);
+      CHECK_EQ(fc[0][1], 20 * MiB);
+    }
+    uint64_t a = _stash_loop_alloc(&L, 10 * MiB, 0);
+    if (t >= 4) { /* the range the last turn's counterpart went to */
+      CHECK(_stash_loop_hint(&L, 300 * MiB, &off));
+      right += off == (STASH_LOOP_ELSEWHERE | (uint64_t)t);
+    }
+    uint64_t b = _stash_loop_alloc(&L, 300 * MiB, STASH_LOOP_ELSEWHERE | (uint64_t)(t + 1));
+    uint64_t c = _stash_loop_alloc(&L, 20 * MiB, 64 * MiB);
+    _stash_loop_freed(&L, a, 10 * MiB);
+    _stash_loop_freed(&L, b, 300 * MiB);
+    _stash_loop_freed(&L, c, 20 * MiB);
+  }
+  CHECK_EQ(right, 4);
   _stash_loop_free(&L);
 }
 
@@ -250,7 +280,8 @@ int main(void) {
   RUN(hints_name_the_previous_turn_once_its_events_repeat);
   RUN(a_repeating_layer_that_keeps_bytes_is_not_a_turn);
   RUN(a_change_ends_the_hints_until_the_turn_repeats_again);
-  RUN(allocations_outside_the_arena_get_no_hint);
+  RUN(allocations_placed_unknown_get_no_hint);
+  RUN(a_place_outside_the_arena_is_hinted_and_not_forecast);
   RUN(the_forecast_names_what_the_counterpart_lived_beside);
   RUN(a_block_that_outlives_its_turn_is_hinted_two_turns_back);
   RUN(a_block_that_outlives_its_turn_is_hinted_where_its_predecessor_was);

@@ -1152,6 +1152,39 @@ TEST(turn_replay_falls_back_clear_of_what_the_turn_will_want) {
   fx_close(&f);
 }
 
+/* A loop of 40, 150 and 60 MiB a turn, each freed four allocations later (found by
+ * tools/synthetic_loops.py, seed 283): the 150 MiB block fits in no free block and is stitched,
+ * and as it lives into the next turn, turn replay's counterpart is the one two turns earlier.
+ * From the sixth turn its range is cached and free again by then: the block takes it back, at
+ * the same address, and no provider call is made. Given no hint (a stitched counterpart has
+ * no arena place), the blocks placed before it took the cached ranges' pages by best fit,
+ * and turns stitched new ranges of memory already held: 8 provider calls (maps and
+ * cuMemSetAccess) in the last seven turns. */
+TEST(turn_replay_gives_a_stitched_block_its_counterparts_range) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  static const size_t mib[3] = {40, 150, 60};
+  void* ptr[3 * 12];
+  int n = 0;
+  uint64_t calls_after_turn5 = 0;
+  for (int t = 0; t < 12; t++) {
+    if (t == 5) calls_after_turn5 = memory_calls(&f);
+    for (int i = 0; i < 3; i++, n++) {
+      ptr[n] = fx_alloc(&f, mib[i] * MiB, S1);
+      if (t >= 5 && i == 1) { /* a stitched block, where the one two turns before was */
+        find_t q = find(&f, ptr[n]);
+        CHECK(q.in_stitched);
+        CHECK_EQ(U(ptr[n]), U(ptr[n - 6]));
+      }
+      if (n >= 3) fx_free(&f, ptr[n - 3]); /* the one allocated four allocations before */
+    }
+  }
+  CHECK_EQ(memory_calls(&f), calls_after_turn5);
+  for (int k = n - 3; k < n; k++) fx_free(&f, ptr[k]);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 /* A small request that the small arena cannot fit takes the large arena's best fit before
  * the small arena grows: memory the large requests left free serves it with no provider call
  * (small requests peak at other times than large ones). It counts as small, by its size; freed,
@@ -2175,6 +2208,7 @@ int main(void) {
   RUN(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop);
   RUN(a_request_of_48_to_64_MiB_takes_whole_allocations_and_new_memory_after_the_first_drop);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
+  RUN(turn_replay_gives_a_stitched_block_its_counterparts_range);
   RUN(a_small_request_takes_the_large_arenas_free_memory_before_the_small_arena_grows);
   RUN(in_a_repeating_turn_a_small_request_takes_large_arena_memory);
   RUN(a_huge_request_comes_in_few_pieces);
