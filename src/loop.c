@@ -95,10 +95,23 @@ static size_t table_slot(uint64_t h) {
   return (size_t)((h * 0x9e3779b97f4a7c15ull) >> (64 - kTableBits));
 }
 
-/* After event e: follow the period, or propose one. */
+/* Whether events e and f < e (both held) free the same number of bytes. */
+static bool same_free(const stash_loop_t* L, uint64_t e, uint64_t f) {
+  if (f <= L->base) return false; /* the event before f is not held */
+  int64_t de = at(L, e)->live - at(L, e - 1)->live, df = at(L, f)->live - at(L, f - 1)->live;
+  return de < 0 && de == df;
+}
+
+/* After event e: follow the period, or propose one. A free whose code differs from the event
+ * a period earlier still follows it when that event freed as many bytes: the ages of blocks
+ * living across a turn's start differ when earlier turns had other lengths (a first step that
+ * also made the optimizer's state), and breaking there leaves the next turn's first blocks
+ * without hints (six traces' peaks 2-63 MB lower, none higher: docs/policy-stash.md,
+ * "Twenty-second session"). */
 static void detect(stash_loop_t* L, uint64_t e) {
   uint64_t code = at(L, e)->code;
-  if (L->period && (e - L->base < L->period || at(L, e - L->period)->code != code))
+  if (L->period && (e - L->base < L->period ||
+                    (at(L, e - L->period)->code != code && !same_free(L, e, e - L->period))))
     L->period = 0; /* the proposal broke */
   /* the hash of the last kWindow codes, rolled: sum of code * B^age */
   L->hash = L->hash * kHashBase + code;
