@@ -97,11 +97,13 @@ typedef struct stash_conf_s {
   double per_process_memory_fraction;   /* in [0,1] (=1: unlimited) */
   bool expandable_segments;             /* (=False) */
   uint32_t roundup_power2_divisions[STASH_ROUNDUP_BUCKETS]; /* 0 = plain 512 B rounding */
-  /* policy:stash: max_piece_size_mb, in bytes (=0: the policy's own sizes). No physical
-   * allocation of its large arena is larger (rounded up to the device's granularity): free
-   * memory between live blocks is then whole allocations more often, which a stitched range
-   * can map, at the price of more driver calls - for a run at the limit of its device
-   * (README, "At the device's limit": 20 fits more runs than expandable segments do). */
+  /* policy:stash: max_piece_size_mb, in bytes (=0: the policy's own sizes, and 20 MiB once
+   * the heap turns tight: 90% of the device held at the first drop of live bytes). No
+   * physical allocation of its large arena is larger (rounded up to the device's
+   * granularity): free memory between live blocks is then whole allocations more often, which
+   * a stitched range can map, at the price of more driver calls - for a run at the limit of
+   * its device (README, "At the device's limit": 20 fits more runs than expandable segments
+   * do). Set, the heap never turns tight. */
   size_t max_piece_size;
 } stash_conf_t;
 

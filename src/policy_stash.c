@@ -118,7 +118,14 @@
  * makes no physical allocation larger - its growths, bursts and a range's new memory alike -
  * so that the memory a freed block leaves is more often whole allocations, which a range can
  * map: for a run at its device's limit, at the price of more driver calls (README, "At the
- * device's limit").
+ * device's limit"). Without the setting, a heap that holds kTightPct percent or more of what
+ * it may hold (the device, or the memory fraction) when live bytes first fall to half their
+ * peak - the end of a first training step that filled the device - turns *tight*: it gives
+ * back its wholly free physical allocations there (as empty_cache does; not during a CUDA
+ * graph capture), makes no large-arena allocation over kTightPiece from then on, and leaves
+ * what it gave back between live blocks unmapped unless the arena's address range runs out:
+ * the next steps' memory then comes in small pieces, which ranges can map when their blocks
+ * are freed. A run with room to spare never turns tight.
  *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
@@ -187,6 +194,11 @@ static long long knob(const char* name, long long value) {
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
 #define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)125)
 #define kRecentSizes 64
+/* A heap holding kTightPct percent of what it may hold at the first drop turns tight: large
+ * physical allocations of at most kTightPiece from then on (README, "At the device's
+ * limit"). */
+#define kTightPct KNOB_I(kTightPct, 90)
+#define kTightPiece KNOB_Z(kTightPiece, (size_t)20 << 20)
 /* Live-byte phases count from a peak of kPhaseMinPeak: below 1/kQuietShare of the peak, first
  * fit, comparing at most kFirstFitTries fitting free blocks. */
 #define kPhaseMinPeak KNOB_Z(kPhaseMinPeak, (size_t)256 << 20)
@@ -337,6 +349,7 @@ typedef struct sb_state_s {
   int64_t live_peak;   /* the most bytes allocated at once since nothing was (the stats' peak
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
+  bool tight;          /* the device was nearly full at the first drop: small pieces */
   bool freed;          /* a block has been freed since nothing was live (else: loading) */
   size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
   uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
@@ -699,10 +712,12 @@ static size_t piece_bytes(size_t size, size_t least, size_t parts, size_t granul
   return share > least ? share : least;
 }
 
-/* max_piece_size_mb: the largest physical allocation the large arena makes, in bytes (a
- * multiple of the granularity), or 0 when the policy chooses (the default). */
+/* max_piece_size_mb, or kTightPiece once the heap is tight: the largest physical allocation
+ * the large arena makes, in bytes (a multiple of the granularity), or 0 when the policy
+ * chooses (the default). */
 static size_t piece_limit(const stash_heap_t* h) {
   size_t m = h->conf.max_piece_size;
+  if (!m && ((const sb_state*)h->policy_state)->tight) m = kTightPiece;
   return m && m <= SIZE_MAX / 2 ? round_up(m, G) : 0;
 }
 
@@ -1721,7 +1736,7 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
   if (off & STASH_LOOP_ELSEWHERE) return replay_range(h, (uint32_t)off, size, slot, st);
   uint64_t at = a->base + off;
   sb_block* fb = free_containing(a, at, size);
-  if (!fb && a->nreleased) { /* given back by empty_cache: memory there again */
+  if (!fb && a->nreleased && !s->tight) { /* given back by empty_cache: memory there again */
     stash_status_t r = take_back_range(h, a, at, size, slot);
     if (r != STASH_OK && r != STASH_ERR_OOM) {
       *st = r;
@@ -1825,7 +1840,10 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
   }
   if (a->small && a->nranged) b = ranged_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
-  if (!b && a->nreleased) { /* what empty_cache gave back comes back before new memory */
+  /* what empty_cache gave back comes back before new memory - when tight, in the large arena,
+   * only once its address range has no room left at its end (new memory comes in pieces) */
+  if (!b && a->nreleased &&
+      (a->small || !s->tight || a->mapped + round_up(size, G) > a->va_size)) {
     stash_status_t r = arena_take_back(h, a, size, slot);
     if (r != STASH_OK && r != STASH_ERR_OOM) return r;
     b = best_fit(a, size, slot);
@@ -1881,6 +1899,14 @@ grow:
   return STASH_OK;
 }
 
+/* Whether the heap holds kTightPct percent or more of what it may hold: the device's memory,
+ * or less under a memory fraction. */
+static bool nearly_full(const stash_heap_t* h) {
+  size_t may = h->has_limit && h->allowed_max < h->device_total ? h->allowed_max
+                                                                  : h->device_total;
+  return (double)h->total_reserved * 100.0 >= (double)kTightPct * (double)may;
+}
+
 static size_t largest_free(sb_state* s) {
   size_t best = 0;
   for (int i = 0; i < 2; i++) {
@@ -1930,11 +1956,18 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   if (live == 0) { /* everything was freed (a model deleted): the phases start afresh */
     s->live_peak = 0;
     s->dropped = false;
+    s->tight = false; /* the next run's first drop decides again */
     s->freed = false;
     s->arenas[1].last_grow_pages = 0; /* and no burst continues the old one */
   }
   if (live > s->live_peak) s->live_peak = live;
-  if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) s->dropped = true;
+  if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) {
+    if (!s->dropped && !s->tight && !h->conf.max_piece_size && nearly_full(h)) {
+      s->tight = true; /* and what lies wholly free goes back: the next step grows in pieces */
+      if (!h->capturing) (void)release_cache(h); /* a failure leaves it held, and consistent */
+    }
+    s->dropped = true;
+  }
   st = try_alloc(h, size, slot, false, &b);
   if (st == STASH_ERR_OOM) {
     /* The device is full: a request that may be stitched is, from every whole free

@@ -7,8 +7,8 @@
  * allocation statistics as they were, a failed free must leave the block allocated (it is
  * freed again later). At the end everything is freed, the heap destroyed, and the
  * simulated device must hold nothing: no leak. Then the same with random failures.
- * policy:stash runs five scripts ("policy:stash#turns", "#give_back", "#pressed" and
- * "#ranges" name the last four: the heap sees the configuration before the '#'), each of
+ * policy:stash runs six scripts ("policy:stash#turns", "#give_back", "#pressed", "#ranges"
+ * and "#tight" name the last five: the heap sees the configuration before the '#'), each of
  * whose clean run reaches the branches it is there for.
  */
 #include "fixture.h"
@@ -316,6 +316,33 @@ static void script_stash_ranges(run_t* r) {
   op_empty(r);
 }
 
+/* policy:stash turning tight: 950 MiB of the 1 GiB device held when live bytes first fall to
+ * half their peak; the allocation that sees the drop gives back what lies wholly free (between
+ * live blocks too) and later growth comes in 20 MiB pieces (test-stash's
+ * a_device_nearly_full_at_the_first_drop_turns_tight). Capacity 1 GiB. */
+static void script_stash_tight(run_t* r) {
+  op_alloc(r, 0, 1000, S1);
+  op_free(r, 0);
+  for (int i = 0; i < 21; i++) {
+    op_alloc(r, 31, 1000, S1);
+    op_free(r, 31);
+  }
+  op_alloc(r, 0, 100 * MiB, S1);
+  for (int i = 1; i <= 5; i++) op_alloc(r, i, 160 * MiB, S1);
+  op_alloc(r, 6, 50 * MiB, S1);
+  int64_t reserved = r->clean ? fx_stats(&r->f).reserved_bytes[STASH_STAT_LARGE].current : 0;
+  for (int i = 1; i <= 5; i++) op_free(r, i);
+  op_alloc(r, 7, 2 * MiB, S1); /* the first drop: what lies wholly free goes back */
+  if (r->clean)
+    CHECK(fx_stats(&r->f).reserved_bytes[STASH_STAT_LARGE].current <= reserved - 600 * (int64_t)MiB);
+  op_alloc(r, 8, 300 * MiB, S1); /* 15 pieces at the arena's end */
+  op_free(r, 8);
+  op_empty(r);
+  op_alloc(r, 9, 400 * MiB, S1); /* after empty_cache, still in pieces */
+  for (int i = 0; i < 10; i++) op_free(r, i);
+  op_empty(r);
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
@@ -324,6 +351,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   bool give_back = strstr(conf, "#give_back") != NULL; /* the third */
   bool pressed = strstr(conf, "#pressed") != NULL;     /* the fourth */
   bool ranges = strstr(conf, "#ranges") != NULL;       /* the fifth */
+  bool tight = strstr(conf, "#tight") != NULL;         /* the sixth */
   bool stash = strstr(conf, "policy:stash") != NULL;
   char heap_conf[64];
   snprintf(heap_conf, sizeof heap_conf, "%.*s", (int)strcspn(conf, "#"), conf);
@@ -332,15 +360,17 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  if (ranges) script_stash_ranges(&r);
+  if (tight) script_stash_tight(&r);
+  else if (ranges) script_stash_ranges(&r);
   else if (pressed) script_stash_pressed(&r);
   else if (give_back) script_stash_give_back(&r);
   else if (turns) script_stash_turns(&r);
   else if (stash) script_stash(&r);
   else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
-  if ((turns || give_back || pressed || ranges) && !nth && p == 0) CHECK_EQ(r.failures, 0);
-  if (!turns && !give_back && !pressed && !ranges && !nth && p == 0 && call == STASH_CALL_ANY) {
+  if ((turns || give_back || pressed || ranges || tight) && !nth && p == 0)
+    CHECK_EQ(r.failures, 0);
+  if (!turns && !give_back && !pressed && !ranges && !tight && !nth && p == 0 && call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
     bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
@@ -407,6 +437,7 @@ static const char* const k_confs[] = {
     "policy:stash#give_back", /* script_stash_give_back */
     "policy:stash,max_piece_size_mb:20#pressed", /* script_stash_pressed */
     "policy:stash#ranges", /* script_stash_ranges */
+    "policy:stash#tight", /* script_stash_tight */
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",

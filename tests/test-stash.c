@@ -1888,6 +1888,42 @@ TEST(max_piece_size_caps_every_physical_allocation) {
   }
 }
 
+/* A heap holding 90% or more of the device when live bytes first fall to half their peak
+ * turns tight: it gives back the physical allocations lying wholly in free memory there
+ * (between live blocks too), and from then on grows its large arena in pieces of at most
+ * 20 MiB, leaving what it gave back unmapped: a 300 MiB request then grows the arena at its
+ * end in 15 pieces. On a device twice the size (47% full) nothing is given back at the drop
+ * and the request takes the freed memory: no growth. */
+TEST(a_device_nearly_full_at_the_first_drop_turns_tight) {
+  for (int roomy = 0; roomy < 2; roomy++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", roomy ? 2048 * MiB : 1024 * MiB)) return;
+    fx_free(&f, fx_alloc(&f, 1000, S1)); /* a free: no model being loaded */
+    quiet(&f, S1);
+    void* keep = fx_alloc(&f, 100 * MiB, S1);
+    void* act[5];
+    for (int i = 0; i < 5; i++) act[i] = fx_alloc(&f, 160 * MiB, S1);
+    void* keep2 = fx_alloc(&f, 50 * MiB, S1); /* 950 MiB live: 93% of 1 GiB */
+    int64_t reserved = STAT(&f, reserved_bytes, LARGE, current);
+    CHECK(reserved * 100 >= 90 * 1024 * (int64_t)MiB);
+    for (int i = 0; i < 5; i++) fx_free(&f, act[i]);
+    void* s = fx_alloc(&f, 2 * MiB, S1); /* the first drop: 150 MiB live of 950 */
+    int64_t after = STAT(&f, reserved_bytes, LARGE, current);
+    if (roomy) CHECK_EQ(after, reserved);
+    else CHECK(after <= reserved - 600 * (int64_t)MiB); /* most of the activations' 800 */
+    int64_t segments = STAT(&f, segment, LARGE, current);
+    void* big = fx_alloc(&f, 300 * MiB, S1);
+    CHECK_EQ(STAT(&f, segment, LARGE, current) - segments, (roomy ? 0 : 15));
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (roomy ? after : after + 300 * (int64_t)MiB));
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, big);
+    fx_free(&f, s);
+    fx_free(&f, keep2);
+    fx_free(&f, keep);
+    fx_close(&f);
+  }
+}
+
 /* A small request that fits both on pages a cached stitched range maps and elsewhere goes
  * elsewhere, even where that fits less well: the range's block, requested again, finds its
  * memory free and needs no new range (no provider call). */
@@ -2221,6 +2257,7 @@ int main(void) {
   RUN(a_full_device_stitches_what_the_holes_give);
   RUN(out_of_memory_advises_smaller_pieces);
   RUN(max_piece_size_caps_every_physical_allocation);
+  RUN(a_device_nearly_full_at_the_first_drop_turns_tight);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   RUN(random_operations_keep_the_heap_consistent);

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """At the device's limit: the real traces replayed on a device just large enough for
 expandable segments (the smallest device it completes them on, found by tools/min_capacity.py
-and pinned here). policy:stash with max_piece_size_mb:20 completes them there; policy:stash
-without it runs out of memory (its pieces of up to 192 MiB leave free memory in allocations a
-live block still holds). Then tools/min_capacity.py itself: the boundary it reports completes
+and pinned here). policy:stash completes them there - holding 90% of the device at the first
+drop of live bytes, it turns tight (twenty-second session) - and so does max_piece_size_mb:20;
+with a piece size set to its own largest, max_piece_size_mb:192 (which keeps it from turning
+tight), it runs out of memory: its pieces of up to 192 MiB leave free memory in allocations a
+live block still holds. Then tools/min_capacity.py itself: the boundary it reports completes
 and 2 MiB less does not, larger devices complete too, and bad arguments are refused.
 
   test_device_limit.py TOOL STASH_REPLAY DATA_DIR
@@ -36,14 +38,17 @@ def main():
         cap = limit * MiB
         got = {c: replay(exe, path, c, cap)["ooms"] for c in
                ("policy:pytorch,expandable_segments:True", "policy:stash,max_piece_size_mb:20",
-                "policy:stash")}
+                "policy:stash", "policy:stash,max_piece_size_mb:192")}
         if got["policy:pytorch,expandable_segments:True"] != 0:
             bad.append("%s: expandable segments fail at %d MiB: %s" % (name, limit, got))
         if got["policy:stash,max_piece_size_mb:20"] != 0:
             bad.append("%s: max_piece_size_mb:20 fails at %d MiB: %s" % (name, limit, got))
-        if got["policy:stash"] == 0:
-            bad.append("%s: policy:stash (pieces of its own) completes at %d MiB: the case "
-                       "for max_piece_size_mb is gone - update the README" % (name, limit))
+        if got["policy:stash"] != 0:
+            bad.append("%s: policy:stash (tight at the first drop) fails at %d MiB: %s" % (
+                name, limit, got))
+        if got["policy:stash,max_piece_size_mb:192"] == 0:
+            bad.append("%s: policy:stash with 192 MiB pieces, never tight, completes at %d MiB: "
+                       "the case for turning tight is gone - update the README" % (name, limit))
     # the tool's boundary, on the smallest shared trace
     path = os.path.join(traces, "resnet50_train.csv.gz")
     p = subprocess.run([sys.executable, tool, "--replay", exe, "--json", "--conf", "policy:stash",

@@ -3,10 +3,11 @@
 # Three shared traces are replayed through the CUDA provider under a memory fraction that
 # leaves the heap exactly the device expandable segments need at the limit on the simulated
 # H200 (tools/min_capacity.py; tests/test_device_limit.py pins the figures) - policy:stash
-# with and without max_piece_size_mb:20 - and, for comparison, on the simulated device with
-# the same total memory and fraction. Expected: the same out-of-memory count and peak
-# reserved bytes on both (policy:stash runs out, max_piece_size_mb:20 completes), and the
-# driver's memory in use equal to reserved at every reading (--driver-check).
+# (which turns tight there), with max_piece_size_mb:20, and with max_piece_size_mb:192 (its
+# own largest pieces, never tight) - and, for comparison, on the simulated device with the
+# same total memory and fraction. Expected: the same out-of-memory count and peak reserved
+# bytes on both (policy:stash and max_piece_size_mb:20 complete, max_piece_size_mb:192 runs
+# out), and the driver's memory in use equal to reserved at every reading (--driver-check).
 # Results go to $OUT/limit/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,7 @@ for tl in gpt2_train:13070 bert_varlen_train:12196 gpt2_sidestream_train:13072; 
   t=${tl%%:*}
   limit=${tl##*:}
   f=$(python3 -c "print(repr($limit * 2**20 / $TOTAL))")
-  for c in policy:stash policy:stash,max_piece_size_mb:20; do
+  for c in policy:stash policy:stash,max_piece_size_mb:20 policy:stash,max_piece_size_mb:192; do
     build-gpu/stash-replay --json --provider cuda --driver-check \
       --conf "$c,per_process_memory_fraction:$f" "data/traces/$t.csv.gz" >> "$R/replays.jsonl"
     build-gpu/stash-replay --json --provider sim --capacity "$TOTAL" \
