@@ -1554,15 +1554,30 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
  * free, else a new one if the holes give enough of it (`cover_only`: if whole free allocations
  * cover all of it, with no new memory; `pressed`: whatever share they give); else *out = NULL:
  * grow the arena. */
+/* Whether cached range st may serve a block of `size` bytes: no block uses it, and its room
+ * holds the block and is at most twice it and a page (a larger range is left for a larger
+ * block). */
+static bool range_holds(const stash_heap_t* h, const sb_stitch* st, size_t size) {
+  size_t room = st->lent_end - st->offset;
+  return !st->user && room >= size && room <= 2 * size + G;
+}
+
+/* Make ub range st's block: at the start of its room. */
+static void range_user(sb_stitch* st, sb_block* ub, size_t size) {
+  ub->ptr = st->va + st->offset;
+  ub->size = size;
+  ub->stitch = st;
+  st->user = ub;
+}
+
 static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, bool cover_only,
                                    bool pressed, sb_stitch** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[1];
   sb_stitch* best = NULL;
   for (sb_stitch* st = s->stitches; st; st = st->next_st) {
-    size_t room = st->lent_end - st->offset;
-    if (st->user || room < size || room > 2 * size + G) continue;
-    if (best && room >= best->lent_end - best->offset) continue;
+    if (!range_holds(h, st, size)) continue;
+    if (best && st->lent_end - st->offset >= best->lent_end - best->offset) continue;
     if (stitch_available(h, st, slot)) best = st;
   }
   for (sb_stitch* st = s->stitches; st && !best; st = st->next_st) {
@@ -1695,9 +1710,9 @@ static bool turn_hint(const sb_state* s, size_t size, uint64_t* off) {
 }
 
 /* Turn replay for a block whose counterpart was stitched: the same range, number `id`, if it
- * is cached and free as it was, and its room holds the block and is at most twice it (and a
- * page), as stitch_alloc asks of a cached range; its user block (NULL otherwise, or, with
- * *st set, when the host is out of memory). Without it a stitched block of a repeating turn
+ * is cached and free as it was and holds the block (range_holds, as stitch_alloc asks of a
+ * cached range); its user block (NULL otherwise, or, with *st set, when the host is out of
+ * memory). Without it a stitched block of a repeating turn
  * finds no hint, the blocks placed before it take its range's pages, and the turn makes a
  * new range (a driver call) and grows: VGG-11 b64 made six new ranges in its second and third
  * steps and reached 96.8%; given its ranges back, 98.8%. */
@@ -1706,9 +1721,7 @@ static sb_block* replay_range(stash_heap_t* h, uint32_t id, size_t size, uint32_
   sb_state* s = S(h);
   sb_stitch* rg = s->stitches;
   while (rg && rg->id != id) rg = rg->next_st;
-  if (!rg || rg->user) return NULL;
-  size_t room = rg->lent_end - rg->offset;
-  if (room < size || room > 2 * size + G || !stitch_available(h, rg, slot)) return NULL;
+  if (!rg || !range_holds(h, rg, size) || !stitch_available(h, rg, slot)) return NULL;
   sb_block* ub = block_new(s);
   if (!ub) {
     *st = _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
@@ -1718,10 +1731,7 @@ static sb_block* replay_range(stash_heap_t* h, uint32_t id, size_t size, uint32_
     block_delete(s, ub);
     return NULL;
   }
-  ub->ptr = rg->va + rg->offset;
-  ub->size = size;
-  ub->stitch = rg;
-  rg->user = ub;
+  range_user(rg, ub, size);
   return ub;
 }
 
@@ -1859,10 +1869,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
     if (r != STASH_OK) return r;
     if (!st) goto grow;
     ub->kind = K_USER;
-    ub->ptr = st->va + st->offset;
-    ub->size = size;
-    ub->stitch = st;
-    st->user = ub;
+    range_user(st, ub, size);
     *out = ub;
     return STASH_OK;
   }
@@ -1963,7 +1970,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   }
   if (live > s->live_peak) s->live_peak = live;
   if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) {
-    if (!s->dropped && !s->tight && !h->conf.max_piece_size && nearly_full(h)) {
+    if (!s->dropped && !piece_limit(h) && nearly_full(h)) { /* no setting, not yet tight */
       s->tight = true; /* and what lies wholly free goes back: the next step grows in pieces */
       if (!h->capturing) (void)release_cache(h); /* a failure leaves it held, and consistent */
     }

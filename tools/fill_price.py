@@ -11,26 +11,14 @@ provider calls in their second half. The setting runs on the experiment build
   tools/fill_price.py [--fills 0.98,0.95,0.9,0.85] [--setting kTightPct=1000] [--jobs N]
 """
 import argparse
-import glob
-import json
 import os
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_policies as cp  # noqa: E402
-
-
-def replay(exe, path, capacity, env):
-    args = [exe, "--json", "--conf", "policy:stash"]
-    if capacity:
-        args += ["--capacity", str(capacity)]
-    p = subprocess.run(args + [path], capture_output=True, text=True, env=env)
-    if p.returncode:
-        sys.exit("fill_price: stash-replay failed on %s: %s" % (path, p.stderr))
-    return json.loads(p.stdout.splitlines()[0])
+from min_capacity import replay  # noqa: E402
 
 
 def late(r):
@@ -49,15 +37,15 @@ def main():
         sys.exit("fill_price: each fill is in (0, 1]")
     exe, env = cp.side(args.setting, None, args.knob_build)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("STASH_KNOB_")}
-    paths = sorted(glob.glob(os.path.join(cp.DATA, "*.csv.gz")) +
-                   glob.glob(os.path.join(cp.DATA, "*", "*.csv.gz")))
+    paths = [p for p, _ in cp.traces(cp.SETS) if p.endswith(".csv.gz")]  # min_capacity's all
 
     def one(path):
-        peak = replay(exe, path, None, base_env)["peak_reserved_bytes"]
+        peak = replay(exe, path, "policy:stash", env=base_env)["peak_reserved_bytes"]
         out = []
         for f in fills:
             cap = int(peak / f)
-            out.append((replay(exe, path, cap, base_env), replay(exe, path, cap, env)))
+            out.append((replay(exe, path, "policy:stash", cap, base_env),
+                        replay(exe, path, "policy:stash", cap, env)))
         return out
 
     with ThreadPoolExecutor(args.jobs) as ex:

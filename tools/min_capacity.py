@@ -37,11 +37,11 @@ DEFAULT_CONFS = ["policy:stash", "policy:stash,max_piece_size_mb:20", "policy:py
 EXPANDABLE = "policy:pytorch,expandable_segments:True"
 
 
-def replay(exe, trace, conf, capacity=None):
+def replay(exe, trace, conf, capacity=None, env=None):
     args = [exe, "--json", "--conf", conf]
     if capacity:
         args += ["--capacity", str(capacity)]
-    out = subprocess.run(args + [trace], capture_output=True, text=True)
+    out = subprocess.run(args + [trace], capture_output=True, text=True, env=env)
     if out.returncode != 0 or not out.stdout.strip():
         raise SystemExit("%s: %s" % (" ".join(args + [trace]), out.stderr.strip()))
     return json.loads(out.stdout.splitlines()[0])
