@@ -1,19 +1,46 @@
 /* blockset.c: an intrusive ordered set, a red-black tree with parent pointers.
  *
  * Nodes live inside the objects they order (the policies' blocks), so inserting and
- * erasing allocate nothing. The comparator gives the order; ties are not allowed (the
- * policies break them by address). Lookups, inserts and erases are O(log n); putting a
+ * erasing allocate nothing. The comparator gives the order - or, in a keyed set, up to three
+ * 64-bit fields of the object around each node, compared inline (a call per comparison cost
+ * the policies 5-9% of their time per event; the comparator then only checks the set in
+ * _stash_bs_valid). Ties are not allowed (the policies break them by address). Lookups, inserts and erases are O(log n); putting a
  * node in the place of another that orders there (_stash_bs_replace) is O(1); next/prev
  * are amortized O(1).
  */
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 
-void _stash_bs_init(blockset_t* s, bs_cmp_fn cmp) {
+void _stash_bs_init(blockset_t* s, bs_cmp_fn cmp) { _stash_bs_init_keys(s, cmp, 0, 0, 0, 0); }
+
+void _stash_bs_init_keys(blockset_t* s, bs_cmp_fn cmp, int nkeys, ptrdiff_t k0, ptrdiff_t k1,
+                         ptrdiff_t k2) {
   s->root = NULL;
   s->cmp = cmp;
   s->count = 0;
+  s->nkeys = nkeys;
+  s->key[0] = k0;
+  s->key[1] = k1;
+  s->key[2] = k2;
+}
+
+static inline uint64_t key_at(const bs_node_t* n, ptrdiff_t off) {
+  uint64_t v;
+  memcpy(&v, (const char*)n + off, sizeof v);
+  return v;
+}
+
+/* The set's order: its key fields in turn, or its comparator. */
+static inline int compare(const blockset_t* s, const bs_node_t* a, const bs_node_t* b) {
+  if (!s->nkeys) return s->cmp(a, b);
+  for (int i = 0; i < s->nkeys; i++) {
+    uint64_t x = key_at(a, s->key[i]), y = key_at(b, s->key[i]);
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return 0;
 }
 
 static void rotate_left(blockset_t* s, bs_node_t* x) {
@@ -46,7 +73,7 @@ bool _stash_bs_insert(blockset_t* s, bs_node_t* z) {
   int c = 0;
   while (x) {
     y = x;
-    c = s->cmp(z, x);
+    c = compare(s, z, x);
     if (c == 0) return false;
     x = c < 0 ? x->left : x->right;
   }
@@ -228,7 +255,7 @@ bs_node_t* _stash_bs_lower_bound(const blockset_t* s, const bs_node_t* key) {
   bs_node_t* x = s->root;
   bs_node_t* best = NULL;
   while (x) {
-    if (s->cmp(x, key) < 0) {
+    if (compare(s, x, key) < 0) {
       x = x->right;
     } else {
       best = x;

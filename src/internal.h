@@ -61,9 +61,16 @@ typedef struct blockset_s {
   bs_node_t* root; /* NULL when empty */
   bs_cmp_fn cmp;
   size_t count;
+  int nkeys;         /* 0: cmp orders; else the order is that of nkeys 64-bit unsigned ... */
+  ptrdiff_t key[3];  /* ... fields at these byte offsets from a node, compared in turn */
 } blockset_t;
 
 STASH_HIDDEN void _stash_bs_init(blockset_t* s, bs_cmp_fn cmp);
+/* A set ordered by up to three 64-bit unsigned fields of the object around each node, at
+ * byte offsets from it (offsetof(field) - offsetof(node)), compared in turn - the order cmp
+ * also gives (kept for a set's checks), without a call per comparison. */
+STASH_HIDDEN void _stash_bs_init_keys(blockset_t* s, bs_cmp_fn cmp, int nkeys, ptrdiff_t k0,
+                                      ptrdiff_t k1, ptrdiff_t k2);
 /* Insert n (not in any set). Returns false, inserting nothing, if an equal node exists. */
 STASH_HIDDEN bool _stash_bs_insert(blockset_t* s, bs_node_t* n);
 STASH_HIDDEN void _stash_bs_erase(blockset_t* s, bs_node_t* n);

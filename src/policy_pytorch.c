@@ -131,6 +131,17 @@ static int cmp_addr(const bs_node_t* a, const bs_node_t* b) {
   return cmp_u(x->ptr, y->ptr);
 }
 
+/* The two orders as key fields (blockset.c compares them inline, the node at offset 0):
+ * (stream, size, address) and (stream, address). */
+_Static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8 && offsetof(pt_block, node) == 0,
+               "64-bit keys from the node");
+static void pool_sets_init(pt_pool* pool) {
+  _stash_bs_init_keys(&pool->blocks, cmp_size, 3, (ptrdiff_t)offsetof(pt_block, stream),
+                      (ptrdiff_t)offsetof(pt_block, size), (ptrdiff_t)offsetof(pt_block, ptr));
+  _stash_bs_init_keys(&pool->unmapped, cmp_addr, 2, (ptrdiff_t)offsetof(pt_block, stream),
+                      (ptrdiff_t)offsetof(pt_block, ptr), 0);
+}
+
 static void pool_insert_free(pt_pool* pool, pt_block* b) {
   b->gc_count_base = pool->get_free_blocks_call_count;
   _stash_bs_insert(&pool->blocks, &b->node);
@@ -1041,10 +1052,8 @@ static stash_status_t pt_empty_cache(stash_heap_t* h) { return release_cached_bl
 static stash_status_t pt_create(stash_heap_t* h) {
   pt_state* s = calloc(1, sizeof *s);
   if (!s) return _stash_error(STASH_ERR_HOST_OOM, "stash_heap_create: out of host memory");
-  _stash_bs_init(&s->large.blocks, cmp_size);
-  _stash_bs_init(&s->large.unmapped, cmp_addr);
-  _stash_bs_init(&s->small.blocks, cmp_size);
-  _stash_bs_init(&s->small.unmapped, cmp_addr);
+  pool_sets_init(&s->large);
+  pool_sets_init(&s->small);
   s->small.is_small = true;
   _stash_slab_init(&s->block_slab, sizeof(pt_block));
   _stash_slab_init(&s->seg_slab, sizeof(pt_seg));

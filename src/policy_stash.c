@@ -384,6 +384,15 @@ static int cmp_addr(const bs_node_t* a, const bs_node_t* b) {
   return cmp_u64(FROM_ANODE(a)->ptr, FROM_ANODE(b)->ptr);
 }
 
+/* The sets' orders as key fields (blockset.c compares them inline): (size, address) from a
+ * block's snode, its address from its anode. */
+_Static_assert(sizeof(size_t) == 8 && sizeof(uint64_t) == 8, "64-bit keys");
+#define SNODE_KEY(f) ((ptrdiff_t)offsetof(sb_block, f) - (ptrdiff_t)offsetof(sb_block, snode))
+#define ANODE_KEY(f) ((ptrdiff_t)offsetof(sb_block, f) - (ptrdiff_t)offsetof(sb_block, anode))
+static void by_size_init(blockset_t* t) {
+  _stash_bs_init_keys(t, cmp_size, 2, SNODE_KEY(size), SNODE_KEY(ptr), 0);
+}
+
 static sb_block* block_new(sb_state* s) { return _stash_slab_alloc(&s->block_slab); }
 
 static void block_delete(sb_state* s, sb_block* b) {
@@ -612,7 +621,7 @@ static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) 
     for (int i = 0; i < 2; i++) {
       blockset_t* t = realloc(s->arenas[i].by_size, cap * sizeof *t);
       if (!t) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-      for (size_t j = s->cap_streams; j < cap; j++) _stash_bs_init(&t[j], cmp_size);
+      for (size_t j = s->cap_streams; j < cap; j++) by_size_init(&t[j]);
       s->arenas[i].by_size = t;
     }
     s->cap_streams = cap;
@@ -2158,7 +2167,7 @@ static stash_status_t sb_create(stash_heap_t* h) {
   for (int i = 0; i < 2; i++) {
     s->arenas[i].small = i == 0;
     s->arenas[i].grow_bytes = i == 0 ? kSmallGrowBytes : kLargeGrowBytes;
-    _stash_bs_init(&s->arenas[i].by_addr, cmp_addr);
+    _stash_bs_init_keys(&s->arenas[i].by_addr, cmp_addr, 1, ANODE_KEY(ptr), 0, 0);
     s->arenas[i].by_size = malloc(s->cap_streams * sizeof(blockset_t));
   }
   if (!s->streams || !s->arenas[0].by_size || !s->arenas[1].by_size) {
@@ -2169,7 +2178,7 @@ static stash_status_t sb_create(stash_heap_t* h) {
     return _stash_error(STASH_ERR_HOST_OOM, "stash_heap_create: out of host memory");
   }
   for (int i = 0; i < 2; i++)
-    for (size_t k = 0; k < s->cap_streams; k++) _stash_bs_init(&s->arenas[i].by_size[k], cmp_size);
+    for (size_t k = 0; k < s->cap_streams; k++) by_size_init(&s->arenas[i].by_size[k]);
   _stash_slab_init(&s->block_slab, sizeof(sb_block));
   _stash_ptrmap_init(&s->allocated);
   _stash_loop_init(&s->loop);

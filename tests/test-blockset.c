@@ -1,4 +1,5 @@
 /* test-blockset: the ordered set (red-black tree) against a sorted reference array. */
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -117,6 +118,81 @@ TEST(replace_takes_the_place_of_a_node) {
   CHECK_EQ(count, s.count);
 }
 
+/* A set ordered by key fields (_stash_bs_init_keys): three 64-bit fields, one before the
+ * node and two after it (one a pointer), compared in turn with no call; its walk, lower
+ * bounds and checks agree with a comparator of the same order, and _stash_bs_valid (which
+ * checks with the comparator) finds a set whose fields order otherwise. */
+typedef struct keyed_s {
+  uint64_t size;
+  bs_node_t node;
+  void* stream;
+  uint64_t ptr;
+} keyed_t;
+
+#define KEY(f) ((ptrdiff_t)offsetof(keyed_t, f) - (ptrdiff_t)offsetof(keyed_t, node))
+#define KEYED(n) ((const keyed_t*)((const char*)(n) - offsetof(keyed_t, node)))
+
+static int cmp_keyed(const bs_node_t* a, const bs_node_t* b) {
+  const keyed_t* x = KEYED(a);
+  const keyed_t* y = KEYED(b);
+  if (x->stream != y->stream) return (uintptr_t)x->stream < (uintptr_t)y->stream ? -1 : 1;
+  if (x->size != y->size) return x->size < y->size ? -1 : 1;
+  return x->ptr < y->ptr ? -1 : x->ptr > y->ptr;
+}
+
+static int cmp_keyed_sort(const void* a, const void* b) {
+  return cmp_keyed(&(*(keyed_t* const*)a)->node, &(*(keyed_t* const*)b)->node);
+}
+
+TEST(a_keyed_set_orders_by_its_fields) {
+  enum { M = 3000 };
+  static keyed_t items[M];
+  static bool in[M];
+  static keyed_t* want[M];
+  blockset_t s;
+  _stash_bs_init_keys(&s, cmp_keyed, 3, KEY(stream), KEY(size), KEY(ptr));
+  for (int i = 0; i < M; i++) { /* many equal streams and sizes: the later keys decide */
+    items[i].stream = (void*)(uintptr_t)(0x1000 * (1 + rnd() % 3));
+    items[i].size = 512 * (1 + rnd() % 16);
+    items[i].ptr = (uint64_t)i << 20;
+  }
+  for (int round = 0; round < 20000; round++) {
+    int i = (int)(rnd() % M);
+    if (in[i]) _stash_bs_erase(&s, &items[i].node);
+    else CHECK(_stash_bs_insert(&s, &items[i].node));
+    in[i] = !in[i];
+    keyed_t probe = {.size = 512 * (1 + rnd() % 17),
+                     .stream = (void*)(uintptr_t)(0x1000 * (1 + rnd() % 3)),
+                     .ptr = (rnd() % M) << 20};
+    const bs_node_t* lb = _stash_bs_lower_bound(&s, &probe.node);
+    const keyed_t* best = NULL; /* the least item not less than the probe */
+    for (int k = 0; k < M; k++) {
+      if (in[k] && cmp_keyed(&items[k].node, &probe.node) >= 0 &&
+          (!best || cmp_keyed(&items[k].node, &best->node) < 0))
+        best = &items[k];
+    }
+    CHECK(lb == (best ? &best->node : NULL));
+  }
+  CHECK(_stash_bs_valid(&s));
+  size_t n = 0;
+  for (int i = 0; i < M; i++)
+    if (in[i]) want[n++] = &items[i];
+  qsort(want, n, sizeof *want, cmp_keyed_sort);
+  size_t k = 0;
+  for (bs_node_t* x = _stash_bs_first(&s); x; x = _stash_bs_next(x), k++)
+    CHECK(k < n && x == &want[k]->node);
+  CHECK_EQ(k, n);
+  /* the same items under fields that order otherwise (size before stream): the comparator
+   * of the check disagrees, and says so */
+  blockset_t other;
+  _stash_bs_init_keys(&other, cmp_keyed, 3, KEY(size), KEY(stream), KEY(ptr));
+  for (int i = 0; i < M; i++) {
+    if (in[i]) _stash_bs_erase(&s, &items[i].node);
+    CHECK(_stash_bs_insert(&other, &items[i].node));
+  }
+  CHECK(!_stash_bs_valid(&other));
+}
+
 TEST(ptrmap_put_get_take) {
   ptrmap_t m;
   _stash_ptrmap_init(&m);
@@ -149,6 +225,7 @@ int main(void) {
   RUN(random_ops_match_reference);
   RUN(duplicate_insert_refused);
   RUN(replace_takes_the_place_of_a_node);
+  RUN(a_keyed_set_orders_by_its_fields);
   RUN(ptrmap_put_get_take);
   RUN(slab_reuses_objects);
   TEST_MAIN_END();
