@@ -9,6 +9,7 @@ provider calls in their second half. The setting runs on the experiment build
 (tools/compare_policies.py's, in --knob-build), which also serves as the rules as built.
 
   tools/fill_price.py [--fills 0.98,0.95,0.9,0.85] [--setting kTightPct=1000] [--jobs N]
+                      [--sets shared,hf,...]  (default: every set)
 """
 import argparse
 import os
@@ -31,13 +32,18 @@ def main():
     ap.add_argument("--setting", default="kTightPct=1000")
     ap.add_argument("--knob-build", default=os.path.join(cp.ROOT, "build-knobs"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--sets", default=",".join(cp.SETS))
     args = ap.parse_args()
+    sets = args.sets.split(",")
+    unknown = [s for s in sets if s not in cp.SETS]
+    if unknown:
+        sys.exit("fill_price: no trace set %s (sets: %s)" % (", ".join(unknown), ", ".join(cp.SETS)))
     fills = [float(f) for f in args.fills.split(",")]
     if any(not 0 < f <= 1 for f in fills):
         sys.exit("fill_price: each fill is in (0, 1]")
     exe, env = cp.side(args.setting, None, args.knob_build)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("STASH_KNOB_")}
-    paths = [p for p, _ in cp.traces(cp.SETS) if p.endswith(".csv.gz")]  # min_capacity's all
+    paths = [p for p, _ in cp.traces(sets) if p.endswith(".csv.gz")]  # min_capacity's
 
     def one(path):
         peak = replay(exe, path, "policy:stash", env=base_env)["peak_reserved_bytes"]
