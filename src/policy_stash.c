@@ -194,9 +194,9 @@ static long long knob(const char* name, long long value) {
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
 #define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)125)
 #define kRecentSizes 64
-/* A heap holding kTightPct percent of what it may hold at the first drop turns tight: large
- * physical allocations of at most kTightPiece from then on (README, "At the device's
- * limit"). */
+/* A heap holding kTightPct percent of what it may hold at the first drop, or at a large
+ * request after it, turns tight: large physical allocations of at most kTightPiece from then
+ * on (README, "At the device's limit"). */
 #define kTightPct KNOB_I(kTightPct, 90)
 #define kTightPiece KNOB_Z(kTightPiece, (size_t)20 << 20)
 /* Live-byte phases count from a peak of kPhaseMinPeak: below 1/kQuietShare of the peak, first
@@ -1984,6 +1984,12 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
       if (!h->capturing) (void)release_cache(h); /* a failure leaves it held, and consistent */
     }
     s->dropped = true;
+  }
+  if (s->dropped && !s->tight && size > kSmallLimit && !piece_limit(h) && nearly_full(h)) {
+    /* Filled later (a second step that holds more: an optimizer's state, a longer sequence):
+     * tight from this request on, with the cache kept - given back in mid-step, the memory
+     * would only be asked for again (measured: README, "At the device's limit"). */
+    s->tight = true;
   }
   st = try_alloc(h, size, slot, false, &b);
   if (st == STASH_ERR_OOM) {

@@ -1924,6 +1924,41 @@ TEST(a_device_nearly_full_at_the_first_drop_turns_tight) {
   }
 }
 
+/* A heap that holds 72% of its device at the first drop stays as it is, and turns tight at
+ * the first large request once a second step has filled 90% of it (an optimizer's state on
+ * top of the same activations): that request's new memory comes in 20 MiB physical
+ * allocations (three for 50 MiB), where it came in one before - and nothing is given back
+ * (the first drop's rule releases the cache; this one does not). On a device twice the size
+ * the same requests grow in one allocation each. */
+TEST(a_device_filled_after_the_first_drop_turns_tight_then) {
+  for (int roomy = 0; roomy < 2; roomy++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", roomy ? 2048 * MiB : 1024 * MiB)) return;
+    fx_free(&f, fx_alloc(&f, 1000, S1)); /* a free: no model being loaded */
+    quiet(&f, S1);
+    void* keep = fx_alloc(&f, 100 * MiB, S1);
+    void* act[5];
+    for (int i = 0; i < 4; i++) act[i] = fx_alloc(&f, 160 * MiB, S1); /* 740 MiB: 72% */
+    int64_t reserved = STAT(&f, reserved_bytes, LARGE, current);
+    CHECK(reserved * 100 < 90 * 1024 * (int64_t)MiB);
+    for (int i = 0; i < 4; i++) fx_free(&f, act[i]);
+    void* state = fx_alloc(&f, 200 * MiB, S1); /* the first drop: 100 MiB live of 740 */
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), reserved); /* not tight: all kept */
+    for (int i = 0; i < 4; i++) act[i] = fx_alloc(&f, 160 * MiB, S1); /* 940 MiB live */
+    int64_t full = STAT(&f, reserved_bytes, LARGE, current);
+    CHECK(full * 100 >= 90 * 1024 * (int64_t)MiB);
+    int64_t segments = STAT(&f, segment, LARGE, current);
+    act[4] = fx_alloc(&f, 50 * MiB, S1);
+    CHECK_EQ(STAT(&f, segment, LARGE, current) - segments, (roomy ? 1 : 3));
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), full + 50 * (int64_t)MiB);
+    CHECK_OK(stash_heap_check(f.heap));
+    for (int i = 0; i < 5; i++) fx_free(&f, act[i]);
+    fx_free(&f, state);
+    fx_free(&f, keep);
+    fx_close(&f);
+  }
+}
+
 /* A small request that fits both on pages a cached stitched range maps and elsewhere goes
  * elsewhere, even where that fits less well: the range's block, requested again, finds its
  * memory free and needs no new range (no provider call). */
@@ -2258,6 +2293,7 @@ int main(void) {
   RUN(out_of_memory_advises_smaller_pieces);
   RUN(max_piece_size_caps_every_physical_allocation);
   RUN(a_device_nearly_full_at_the_first_drop_turns_tight);
+  RUN(a_device_filled_after_the_first_drop_turns_tight_then);
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   RUN(random_operations_keep_the_heap_consistent);
