@@ -4,9 +4,9 @@
  * erasing allocate nothing. The comparator gives the order - or, in a keyed set, up to three
  * 64-bit fields of the object around each node, compared inline (a call per comparison cost
  * the policies 5-9% of their time per event; the comparator then only checks the set in
- * _stash_bs_valid). Ties are not allowed (the policies break them by address). Lookups, inserts and erases are O(log n); putting a
- * node in the place of another that orders there (_stash_bs_replace) is O(1); next/prev
- * are amortized O(1).
+ * _stash_bs_valid). Ties are not allowed (the policies break them by address). Lookups,
+ * inserts and erases are O(log n); putting a node in the place of another that orders there
+ * (_stash_bs_replace) is O(1); next/prev are amortized O(1).
  */
 #include <stddef.h>
 #include <stdint.h>

@@ -125,7 +125,8 @@
  * graph capture), makes no large-arena allocation over kTightPiece from then on, and leaves
  * what it gave back between live blocks unmapped unless the arena's address range runs out:
  * the next steps' memory then comes in small pieces, which ranges can map when their blocks
- * are freed. A run with room to spare never turns tight.
+ * are freed. A heap that first holds that much later, at a large request after the first
+ * drop, turns tight there, keeping its cache. A run with room to spare never turns tight.
  *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
@@ -349,7 +350,7 @@ typedef struct sb_state_s {
   int64_t live_peak;   /* the most bytes allocated at once since nothing was (the stats' peak
                           resets do not touch it) */
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
-  bool tight;          /* the device was nearly full at the first drop: small pieces */
+  bool tight;          /* the device was nearly full at or after the first drop: small pieces */
   bool freed;          /* a block has been freed since nothing was live (else: loading) */
   size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
   uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
@@ -1978,18 +1979,18 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     s->arenas[1].last_grow_pages = 0; /* and no burst continues the old one */
   }
   if (live > s->live_peak) s->live_peak = live;
-  if (s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak) {
-    if (!s->dropped && !piece_limit(h) && nearly_full(h)) { /* no setting, not yet tight */
-      s->tight = true; /* and what lies wholly free goes back: the next step grows in pieces */
-      if (!h->capturing) (void)release_cache(h); /* a failure leaves it held, and consistent */
-    }
-    s->dropped = true;
-  }
-  if (s->dropped && !s->tight && size > kSmallLimit && !piece_limit(h) && nearly_full(h)) {
-    /* Filled later (a second step that holds more: an optimizer's state, a longer sequence):
-     * tight from this request on, with the cache kept - given back in mid-step, the memory
-     * would only be asked for again (measured: README, "At the device's limit"). */
+  bool first_drop =
+      !s->dropped && s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak;
+  if (first_drop) s->dropped = true;
+  /* Nearly full at the first drop, or at a large request after it (a second step that holds
+   * more: an optimizer's state, a longer sequence), with no setting: tight from here on. At
+   * the first drop what lies wholly free goes back too, so the next step grows in pieces (a
+   * failure leaves it held, and consistent); later the cache is kept - given back in mid-step,
+   * the memory would only be asked for again (measured: README, "At the device's limit"). */
+  if ((first_drop || (s->dropped && size > kSmallLimit)) && !s->tight && !piece_limit(h) &&
+      nearly_full(h)) {
     s->tight = true;
+    if (first_drop && !h->capturing) (void)release_cache(h);
   }
   st = try_alloc(h, size, slot, false, &b);
   if (st == STASH_ERR_OOM) {
