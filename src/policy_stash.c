@@ -1467,7 +1467,12 @@ static size_t stitch_from_free(stash_heap_t* h, uint32_t slot, size_t n, uint32_
 
 /* Complete the pages of a new stitched range of n pages, homes[0, got) taken from the holes:
  * whole free allocations at the large arena's free end, then new allocations for the rest;
- * then sort them. */
+ * then sort them. New memory is mapped at its arena address only when the arena first uses
+ * it (arena_ready): a logits range's hundreds of MiB may never be. Less than the arena's
+ * smallest growth (kLargeGrowBytes) is mapped there at once, as a growth of the arena would
+ * be: a block landing on it later would otherwise map it then, a driver call in what may be a
+ * training loop's steady state (eleventh/swin_t_b80: a 4 MiB allocation readied for a 132 MiB
+ * block in the second half; docs/policy-stash.md, "Twenty-fifth session"). */
 static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size_t got,
                                   uint32_t* homes) {
   sb_state* s = S(h);
@@ -1478,7 +1483,7 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
     size_t first = a->mapped / G;
     stash_status_t st =
         arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G),
-                   true);
+                   (n - got) * G >= kLargeGrowBytes);
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }

@@ -745,6 +745,46 @@ TEST(stitch_memory_is_mapped_in_the_arena_on_first_use) {
   fx_close(&f);
 }
 
+/* New memory under the arena's smallest growth (6 MiB) made for a stitched range is mapped at
+ * its arena address at once, so that a block landing there later makes no driver call. */
+TEST(small_stitch_memory_is_mapped_in_the_arena_at_once) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill;
+  layout_full(&f, p, &fill, S1);
+  fx_free(&f, p[0]); /* two 100 MiB holes, each one whole physical allocation */
+  fx_free(&f, p[2]);
+  uint64_t maps = stash_sim_calls(f.sim, STASH_CALL_map);
+  uint64_t access = stash_sim_calls(f.sim, STASH_CALL_set_access);
+  void* x = fx_alloc(&f, 204 * MiB, S1); /* stitched from A, C and 4 MiB new */
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 254 * (int64_t)MiB);
+  /* A, C and the new piece at the range, the new piece at the arena too; one access call
+   * each (lazily: 3 maps and 1 access call) */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_map) - maps, 4);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_set_access) - access, 2);
+  fx_free(&f, x);
+  void* a = fx_alloc(&f, 100 * MiB, S1); /* A and C again, in the arena */
+  void* c = fx_alloc(&f, 100 * MiB, S1);
+  CHECK(!find(&f, a).in_stitched && !find(&f, c).in_stitched);
+  uint64_t calls = memory_calls(&f);
+  void* y = fx_alloc(&f, 4 * MiB, S1); /* only the new piece fits: ready already */
+  CHECK(!find(&f, y).in_stitched);
+  CHECK_EQ(U(y), U(fill) + 16 * MiB);
+  CHECK_EQ(memory_calls(&f), calls);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 254 * (int64_t)MiB);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, y);
+  fx_free(&f, a);
+  fx_free(&f, c);
+  fx_free(&f, fill);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 0);
+  fx_close(&f);
+}
+
 /* The driver maps whole physical allocations only: a range maps A whole when only its second
  * half is free, and its block uses that half alone (a head). */
 TEST(stitching_maps_whole_allocations_and_uses_their_free_part) {
@@ -2261,6 +2301,7 @@ int main(void) {
   RUN(memory_fraction_limits_reserved);
   RUN(stitching_takes_whole_free_allocations_of_holes);
   RUN(stitch_memory_is_mapped_in_the_arena_on_first_use);
+  RUN(small_stitch_memory_is_mapped_in_the_arena_at_once);
   RUN(stitching_maps_whole_allocations_and_uses_their_free_part);
   RUN(stitching_begins_and_ends_in_partly_free_allocations);
   RUN(the_free_end_is_the_last_fit);
