@@ -7,8 +7,8 @@
  * allocation statistics as they were, a failed free must leave the block allocated (it is
  * freed again later). At the end everything is freed, the heap destroyed, and the
  * simulated device must hold nothing: no leak. Then the same with random failures.
- * policy:stash runs six scripts ("policy:stash#turns", "#give_back", "#pressed", "#ranges"
- * and "#tight" name the last five: the heap sees the configuration before the '#'), each of
+ * policy:stash runs seven scripts ("policy:stash#turns", "#give_back", "#pressed", "#ranges",
+ * "#tight" and "#small_new" name the last six: the heap sees the configuration before the '#'), each of
  * whose clean run reaches the branches it is there for.
  */
 #include "fixture.h"
@@ -343,6 +343,38 @@ static void script_stash_tight(run_t* r) {
   op_empty(r);
 }
 
+/* policy:stash's stitched range whose new memory, under 6 MiB, is mapped in the arena at once:
+ * [A 100 MiB][B 30][C 100][D 20, taken whole], A and C freed, a 204 MiB request stitched
+ * from them and 4 MiB new (a map and an access call in the arena at once), freed, then A,
+ * C and the 4 MiB taken in the arena (test-stash's
+ * small_stitch_memory_is_mapped_in_the_arena_at_once). Capacity 1 GiB. */
+static void script_stash_small_new(run_t* r) {
+  static const size_t mib[4] = {100, 30, 100, 20};
+  op_alloc(r, 0, 1000, S1);
+  op_free(r, 0); /* a free first: the growths below are not a model's loading */
+  for (int i = 0; i < 4; i++) {
+    for (int k = 0; k < 21; k++) { /* apart: no burst */
+      op_alloc(r, 31, 1000, S1);
+      op_free(r, 31);
+    }
+    op_alloc(r, i, mib[i] * MiB, S1);
+  }
+  op_free(r, 0);
+  op_free(r, 2);
+  uint64_t access = stash_sim_calls(r->f.sim, STASH_CALL_set_access);
+  op_alloc(r, 4, 204 * MiB, S1);
+  if (r->clean) {
+    CHECK(in_stitched_range(r, r->p[4]));
+    CHECK_EQ(stash_sim_calls(r->f.sim, STASH_CALL_set_access) - access, 2);
+  }
+  op_free(r, 4);
+  op_alloc(r, 0, 100 * MiB, S1);
+  op_alloc(r, 2, 100 * MiB, S1);
+  op_alloc(r, 5, 4 * MiB, S1); /* on the new memory, mapped there already */
+  for (int i = 0; i < 6; i++) op_free(r, i);
+  op_empty(r);
+}
+
 static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nth,
                        stash_status_t status, double p, uint64_t seed, uint64_t* calls_out) {
   run_t r;
@@ -352,6 +384,7 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   bool pressed = strstr(conf, "#pressed") != NULL;     /* the fourth */
   bool ranges = strstr(conf, "#ranges") != NULL;       /* the fifth */
   bool tight = strstr(conf, "#tight") != NULL;         /* the sixth */
+  bool small_new = strstr(conf, "#small_new") != NULL; /* the seventh */
   bool stash = strstr(conf, "policy:stash") != NULL;
   char heap_conf[64];
   snprintf(heap_conf, sizeof heap_conf, "%.*s", (int)strcspn(conf, "#"), conf);
@@ -360,7 +393,8 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   r.clean = !nth && p == 0;
   if (nth) stash_sim_fail_nth(r.f.sim, call, nth, status);
   if (p > 0) stash_sim_fail_random(r.f.sim, STASH_CALL_ANY, p, seed, status);
-  if (tight) script_stash_tight(&r);
+  if (small_new) script_stash_small_new(&r);
+  else if (tight) script_stash_tight(&r);
   else if (ranges) script_stash_ranges(&r);
   else if (pressed) script_stash_pressed(&r);
   else if (give_back) script_stash_give_back(&r);
@@ -368,9 +402,10 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
   else if (stash) script_stash(&r);
   else script(&r);
   if (calls_out) *calls_out = stash_sim_calls(r.f.sim, call);
-  if ((turns || give_back || pressed || ranges || tight) && !nth && p == 0)
+  if ((turns || give_back || pressed || ranges || tight || small_new) && !nth && p == 0)
     CHECK_EQ(r.failures, 0);
-  if (!turns && !give_back && !pressed && !ranges && !tight && !nth && p == 0 && call == STASH_CALL_ANY) {
+  if (!turns && !give_back && !pressed && !ranges && !tight && !small_new && !nth && p == 0 &&
+      call == STASH_CALL_ANY) {
     /* The clean run must reach every path the faults are meant to hit. */
     bool vmm = stash || strstr(conf, "expandable") != NULL;
     stash_provider_call_t need_plain[] = {STASH_CALL_mem_alloc, STASH_CALL_mem_free};
@@ -438,6 +473,7 @@ static const char* const k_confs[] = {
     "policy:stash,max_piece_size_mb:20#pressed", /* script_stash_pressed */
     "policy:stash#ranges", /* script_stash_ranges */
     "policy:stash#tight", /* script_stash_tight */
+    "policy:stash#small_new", /* script_stash_small_new */
     "policy:pytorch",
     "policy:pytorch,expandable_segments:True",
     "policy:pytorch,max_split_size_mb:20",
