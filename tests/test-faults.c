@@ -8,8 +8,8 @@
  * freed again later). At the end everything is freed, the heap destroyed, and the
  * simulated device must hold nothing: no leak. Then the same with random failures.
  * policy:stash runs seven scripts ("policy:stash#turns", "#give_back", "#pressed", "#ranges",
- * "#tight" and "#small_new" name the last six: the heap sees the configuration before the '#'), each of
- * whose clean run reaches the branches it is there for.
+ * "#tight" and "#small_new" name the last six: the heap sees the configuration before the
+ * '#'), each of whose clean run reaches the branches it is there for.
  */
 #include "fixture.h"
 
