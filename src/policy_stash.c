@@ -1472,7 +1472,9 @@ static size_t stitch_from_free(stash_heap_t* h, uint32_t slot, size_t n, uint32_
  * smallest growth (kLargeGrowBytes) is mapped there at once, as a growth of the arena would
  * be: a block landing on it later would otherwise map it then, a driver call in what may be a
  * training loop's steady state (eleventh/swin_t_b80: a 4 MiB allocation readied for a 132 MiB
- * block in the second half; docs/policy-stash.md, "Twenty-fifth session"). */
+ * block in the second half; docs/policy-stash.md, "Twenty-fifth session") - except once the
+ * heap is tight: at its device's limit the pressed ranges' small new memory is as often never
+ * used by the arena (tools/fill_price.py: 4 more calls in bert_varlen_train's second half). */
 static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size_t got,
                                   uint32_t* homes) {
   sb_state* s = S(h);
@@ -1483,7 +1485,7 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
     size_t first = a->mapped / G;
     stash_status_t st =
         arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G),
-                   (n - got) * G >= kLargeGrowBytes);
+                   (n - got) * G >= kLargeGrowBytes || s->tight);
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
