@@ -202,6 +202,15 @@ static void script_stash(run_t* r) {
                                        the device: that is refused at once, cache kept) */
 }
 
+/* 21 small allocations and frees: the next growth of the large arena comes apart from the
+ * last one (no burst). */
+static void quiet_small(run_t* r) {
+  for (int i = 0; i < 21; i++) {
+    op_alloc(r, 31, 1000, S1);
+    op_free(r, 31);
+  }
+}
+
 /* policy:stash's two rules of the seventh session, each reached by a clean run: a request of
  * 64-128 MiB that fits nowhere, stitched from wholly free allocations with no new memory;
  * and, in a repeating turn, small requests that take the large arena's memory instead of
@@ -210,15 +219,9 @@ static void script_stash(run_t* r) {
 #define SMALL_IN_TURN 9 /* the small arena holds 8 MiB: the 9th would grow it */
 static void script_stash_turns(run_t* r) {
   op_alloc(r, 0, 60 * MiB, S1); /* A: one allocation of 60 MiB */
-  for (int i = 0; i < 21; i++) { /* apart from the next growth: no burst */
-    op_alloc(r, 31, 1000, S1);
-    op_free(r, 31);
-  }
+  quiet_small(r);
   op_alloc(r, 1, 20 * MiB, S1); /* B: 20 MiB */
-  for (int i = 0; i < 21; i++) {
-    op_alloc(r, 31, 1000, S1);
-    op_free(r, 31);
-  }
+  quiet_small(r);
   op_alloc(r, 2, 40 * MiB, S1); /* C: 40 MiB, the arena's end */
   op_free(r, 0);
   op_free(r, 2);
@@ -264,13 +267,6 @@ static void script_stash_give_back(run_t* r) {
  * request the rules would grow the arena for, which the device cannot hold, stitched
  * "pressed" from a hole's whole allocations, a head and new memory; then served again from
  * its cached range, and empty_cache. Capacity 1 GiB. */
-static void quiet_small(run_t* r) {
-  for (int i = 0; i < 21; i++) { /* apart from the next growth: no burst */
-    op_alloc(r, 31, 1000, S1);
-    op_free(r, 31);
-  }
-}
-
 static void script_stash_pressed(run_t* r) {
   op_alloc(r, 15, 1000, S1); /* a free first: not a model being loaded */
   op_free(r, 15);
@@ -323,10 +319,7 @@ static void script_stash_ranges(run_t* r) {
 static void script_stash_tight(run_t* r) {
   op_alloc(r, 0, 1000, S1);
   op_free(r, 0);
-  for (int i = 0; i < 21; i++) {
-    op_alloc(r, 31, 1000, S1);
-    op_free(r, 31);
-  }
+  quiet_small(r);
   op_alloc(r, 0, 100 * MiB, S1);
   for (int i = 1; i <= 5; i++) op_alloc(r, i, 160 * MiB, S1);
   op_alloc(r, 6, 50 * MiB, S1);
@@ -353,10 +346,7 @@ static void script_stash_small_new(run_t* r) {
   op_alloc(r, 0, 1000, S1);
   op_free(r, 0); /* a free first: the growths below are not a model's loading */
   for (int i = 0; i < 4; i++) {
-    for (int k = 0; k < 21; k++) { /* apart: no burst */
-      op_alloc(r, 31, 1000, S1);
-      op_free(r, 31);
-    }
+    quiet_small(r);
     op_alloc(r, i, mib[i] * MiB, S1);
   }
   op_free(r, 0);
