@@ -34,7 +34,11 @@
  * until live bytes first fall to half their peak (the first forward pass), a growth that comes
  * within 20 allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
  * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
- * near the peak is reserved for nothing: at most 64 MiB of it). While nothing has been freed
+ * near the peak is reserved for nothing: at most 64 MiB of it) - unless the arena holds 64 MiB
+ * free and twice the request more than at its last growth: memory freed that the requests
+ * cannot use (scattered, not climbing), where a burst would only add to what lies unused at
+ * the peak; such a growth is the exact need, and the next one doubles the last burst as if it
+ * had not happened. While nothing has been freed
  * since nothing was live - a model's parameters being loaded, every byte grown kept - every
  * growth takes twice the last one's size, however far apart, up to 192 MiB: GPT-2's
  * parameters in 3 allocations, not 14 (what the last burst leaves free, the first forward pass
@@ -187,12 +191,15 @@ static long long knob(const char* name, long long value) {
  * 192 MiB and a runt. A growth kBurstAllocs or fewer allocations after the last doubles the
  * last one's size, up to kBurstMax (until live bytes first fall to half their peak); while
  * nothing has been freed yet (a model being loaded), every growth doubles the last, up to
- * kLargePieceMax. */
+ * kLargePieceMax. No burst, and the burst chain left as it was, when the arena holds at least
+ * kBurstMax free bytes and kScatterTimes the request's more than when the last growth was asked
+ * for (the free memory is scattered: a burst's end would lie unused at the peak). */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
 #define kLargePieces KNOB_I(kLargePieces, 10)
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
+#define kScatterTimes KNOB_Z(kScatterTimes, (size_t)2)
 #define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)125)
 #define kRecentSizes 64
 /* A heap holding kTightPct percent of what it may hold at the first drop, or at a large
@@ -299,6 +306,8 @@ struct sb_arena_s {
   uint32_t* ranged;   /* [page]: how many stitched ranges map that page of the arena */
   size_t cap_ranged;
   size_t nranged;     /* pages of the arena some range maps */
+  size_t free_bytes;  /* bytes in free blocks (the free sets) */
+  size_t free_at_grow;/* free_bytes when the last growth (not for a range) was asked for */
   size_t last_grow_pages;      /* the last growth (not for a stitched range) ... */
   uint64_t allocs_at_last_grow; /* ... and sb_state.nallocs then */
   sb_block key;       /* the search key of fits_begin, kept here so that a search does not
@@ -423,6 +432,7 @@ static void free_insert_at(sb_state* s, sb_block* b, sb_block* place) {
   }
   if (place) _stash_bs_replace(&a->by_addr, &place->anode, &b->anode);
   else _stash_bs_insert(&a->by_addr, &b->anode);
+  a->free_bytes += b->size - (place ? place->size : 0);
   if (b->tag) {
     sb_stream* st = &s->streams[b->tag];
     b->tprev = NULL;
@@ -449,6 +459,7 @@ static void free_detach(sb_state* s, sb_block* b) {
 static void free_erase(sb_block* b) {
   _stash_bs_erase(&b->arena->by_size[b->tag], &b->snode);
   _stash_bs_erase(&b->arena->by_addr, &b->anode);
+  b->arena->free_bytes -= b->size;
 }
 
 static void free_remove(sb_state* s, sb_block* b) {
@@ -550,6 +561,8 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
                        sb_block* post) {
   free_detach(s, b); /* a piece left free takes b's place in the sets (free_insert_at) */
   sb_block* place = b;
+  /* b's size changes while it is still in the sets: the free bytes are set at the end */
+  size_t free_after = b->arena->free_bytes - size;
   uint64_t end = b->ptr + b->size;
   if (at > b->ptr && pre) { /* callers pass `pre` whenever at > b->ptr */
     *pre = *b;
@@ -582,6 +595,7 @@ static sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_bl
     block_delete(s, post);
   }
   if (place) free_erase(b);
+  b->arena->free_bytes = free_after;
   b->tag = 0;
   b->epoch = 0;
   return b;
@@ -764,7 +778,14 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   size_t limit = a->small ? 0 : piece_limit(h); /* max_piece_size_mb */
   if (limit && cap_bytes > limit) cap_bytes = limit;
   bool loading = !a->small && !s->freed; /* nothing freed yet: every byte grown stays */
-  if (!exact && (a->small || !s->dropped) && a->last_grow_pages &&
+  bool scattered = false; /* freed memory the requests cannot use: no burst */
+  if (!a->small && !exact) {
+    size_t fresh = a->free_bytes > a->free_at_grow ? a->free_bytes - a->free_at_grow : 0;
+    size_t want = need_pages * G + free_tail(a, slot);
+    scattered = a->free_bytes >= kBurstMax && fresh / kScatterTimes >= want;
+  }
+  size_t free_was = a->free_bytes;
+  if (!exact && !scattered && (a->small || !s->dropped) && a->last_grow_pages &&
       (loading || s->nallocs - a->allocs_at_last_grow <= kBurstAllocs)) {
     size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
     size_t cap = (a->small ? kSmallBurstMax : loading ? kLargePieceMax : kBurstMax) / G;
@@ -819,7 +840,8 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     goto undo;
   }
 keep:
-  if (!exact && !dead) {
+  if (!exact) a->free_at_grow = free_was;
+  if (!exact && !dead && !scattered) { /* a scattered growth leaves the burst chain be */
     a->last_grow_pages = pages;
     a->allocs_at_last_grow = s->nallocs;
   }
@@ -2411,7 +2433,7 @@ static stash_status_t sb_check(stash_heap_t* h) {
     n.segment[t] += (int64_t)(a->nhandles - a->nreleased);
     n.reserved_bytes[t] += (int64_t)(a->mapped - a->released);
     total += a->mapped - a->released;
-    size_t nvoid = 0;
+    size_t nvoid = 0, free_sum = 0;
     uint64_t expect = a->base;
     for (sb_block* b = a->first; b; b = b->next) {
       if (b->ptr != expect || !b->size || b->arena != a) FAIL("blocks do not tile an arena at 0x%" PRIx64, expect);
@@ -2420,6 +2442,7 @@ static stash_status_t sb_check(stash_heap_t* h) {
       expect += b->size;
       if (b->kind == K_FREE) {
         nfree++;
+        free_sum += b->size;
         if (b->tag > s->nstreams) FAIL("a bad tag");
         if (free_containing(a, b->ptr, b->size) != b) FAIL("a free block is not in the address tree");
         if (b->prev && b->prev->kind == K_FREE && tags_merge(b->tag, b->prev->tag))
@@ -2443,6 +2466,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
     if (nvoid != a->nreleased) FAIL("a void block where no memory was given back");
     if (a->last && a->last->next) FAIL("an arena's last block is not last");
     if (nfree != a->by_addr.count || nfree != nsize) FAIL("the free sets are out of date");
+    if (free_sum != a->free_bytes)
+      FAIL("an arena counts %zu free bytes, holds %zu", a->free_bytes, free_sum);
   }
   for (sb_stitch* x = s->stitches; x; x = x->next_st) {
     if (x->offset >= x->lent_end || x->lent_end > x->npages * G || x->offset % kMinBlock)

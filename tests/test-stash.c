@@ -1033,6 +1033,40 @@ TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   fx_close(&f);
 }
 
+/* A growth asked for when the arena holds at least 64 MiB free, twice the request more than
+ * when the last growth was asked for, is no burst: memory was freed that the request cannot
+ * use (scattered), and a burst's end would lie unused at the peak. It grows the exact need,
+ * and the next growth doubles the last burst as if it had not happened. */
+TEST(a_growth_amid_scattered_free_memory_is_no_burst) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  /* a forward pass: 25 MiB requests grow in a burst (26, 52, 64, 64, 64, 64); the last growth,
+   * at the 11th request, was asked for with 20 MiB free; 34 are free at the end now */
+  void* v[12];
+  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 334 * (int64_t)MiB);
+  /* four blocks freed between live ones: 134 MiB free, 114 more than then, in pieces of 25
+   * and 34; 200 of 300 MiB stay live (not yet half: the bursts go on) */
+  for (int i = 1; i < 8; i += 2) fx_free(&f, v[i]);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* w = fx_alloc(&f, 40 * MiB, S1); /* fits nowhere: 6 MiB more, not a 64 MiB burst */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 6 * (int64_t)MiB);
+  CHECK(!find(&f, w).in_stitched); /* in the arena, not a stitched range */
+  /* the next growth: 100 MiB free, none of it freed since - the burst goes on at 64 MiB (not
+   * twice the 6 MiB of the scattered growth: 12, so the 40 MiB needed) */
+  before = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, 40 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 64 * (int64_t)MiB);
+  CHECK_OK(stash_heap_check(f.heap)); /* the arena's count of free bytes among the rest */
+  fx_free(&f, x);
+  fx_free(&f, w);
+  for (int i = 0; i < 12; i += (i < 8 ? 2 : 1)) fx_free(&f, v[i]);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 /* While nothing has been freed (a model's parameters being loaded: every byte grown stays),
  * each growth of the large arena doubles the last one up to the 192 MiB piece cap, however
  * many requests lie between them; the first free ends it. */
@@ -2309,6 +2343,7 @@ int main(void) {
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
+  RUN(a_growth_amid_scattered_free_memory_is_no_burst);
   RUN(a_model_being_loaded_grows_in_bursts_up_to_the_piece_cap);
   RUN(a_repeated_size_a_little_over_the_piece_cap_grows_in_one_piece);
   RUN(a_heap_emptied_starts_its_phases_afresh);
