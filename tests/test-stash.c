@@ -1004,14 +1004,20 @@ TEST(growth_in_a_burst_takes_larger_steps) {
   fx_close(&f);
 }
 
+/* A forward pass: twelve 25 MiB requests one after another grow the large arena in a burst
+ * (26, 52, 64, 64, 64, 64 MiB: 334 MiB, 34 of them free at the end); the last growth, at the
+ * 11th request, was asked for with 20 MiB free. */
+static void forward_pass(fixture_t* f, void* v[12]) {
+  for (int i = 0; i < 12; i++) v[i] = fx_alloc(f, 25 * MiB, S1);
+  CHECK_EQ(STAT(f, reserved_bytes, LARGE, current), 334 * (int64_t)MiB);
+}
+
 TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* keep = not_loading(&f);
-  /* a forward pass: 25 MiB requests one after another grow in a burst (26, 52, 64, 64, ...) */
   void* v[12];
-  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (26 + 52 + 4 * 64) * (int64_t)MiB);
+  forward_pass(&f, v);
   for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* 50 of 300 MiB live: below half */
   for (int i = 2; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* the same memory */
   /* more of them, back to back: the first fits in the free 34 MiB, the second takes the 9
@@ -1041,11 +1047,8 @@ TEST(a_growth_amid_scattered_free_memory_is_no_burst) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* keep = not_loading(&f);
-  /* a forward pass: 25 MiB requests grow in a burst (26, 52, 64, 64, 64, 64); the last growth,
-   * at the 11th request, was asked for with 20 MiB free; 34 are free at the end now */
   void* v[12];
-  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 334 * (int64_t)MiB);
+  forward_pass(&f, v);
   /* four blocks freed between live ones: 134 MiB free, 114 more than then, in pieces of 25
    * and 34; 200 of 300 MiB stay live (not yet half: the bursts go on) */
   for (int i = 1; i < 8; i += 2) fx_free(&f, v[i]);
@@ -1144,7 +1147,7 @@ TEST(a_heap_emptied_starts_its_phases_afresh) {
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* v[12];
   void* keep = not_loading(&f);
-  for (int i = 0; i < 12; i++) v[i] = fx_alloc(&f, 25 * MiB, S1); /* 334 MiB, in a burst */
+  forward_pass(&f, v); /* 334 MiB, in a burst */
   for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* below half: no more bursts ... */
   fx_free(&f, v[0]);
   fx_free(&f, v[1]);
