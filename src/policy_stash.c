@@ -432,7 +432,8 @@ static void free_insert_at(sb_state* s, sb_block* b, sb_block* place) {
   }
   if (place) _stash_bs_replace(&a->by_addr, &place->anode, &b->anode);
   else _stash_bs_insert(&a->by_addr, &b->anode);
-  a->free_bytes += b->size - (place ? place->size : 0);
+  a->free_bytes += b->size;
+  if (place) a->free_bytes -= place->size;
   if (b->tag) {
     sb_stream* st = &s->streams[b->tag];
     b->tprev = NULL;
@@ -840,7 +841,7 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     goto undo;
   }
 keep:
-  if (!exact) a->free_at_grow = free_was;
+  if (!exact && !a->small) a->free_at_grow = free_was;
   if (!exact && !dead && !scattered) { /* a scattered growth leaves the burst chain be */
     a->last_grow_pages = pages;
     a->allocs_at_last_grow = s->nallocs;
