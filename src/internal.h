@@ -1,6 +1,6 @@
 /* stash internals: the module map. Each section lists what one file offers; calls go one
  * way: heap.c -> policy_*.c -> {events.c, provider.c} -> the provider table, with
- * stats.c, error.c, blockset.c, ptrmap.c, slab.c and loop.c as leaves.
+ * stats.c, error.c, blockset.c, ptrmap.c, slab.c, loop.c and fate.c as leaves.
  *
  * Internal symbols start with _stash_ and are hidden from the shared library.
  */
@@ -181,6 +181,58 @@ STASH_HIDDEN bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t*
  * them. False when there is no counterpart. */
 STASH_HIDDEN bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2],
                                        size_t max, size_t* n);
+
+/* The rolling hash of the last large events (kWindow of them), the context that names an
+ * allocation about to happen in fate.c; STASH_LOOP_NONE once the detector is off. */
+STASH_HIDDEN uint64_t _stash_loop_context(const stash_loop_t* L);
+
+/* ---- fate.c: what the previous training step's counterpart of an allocation did --------- */
+
+typedef enum {
+  STASH_FATE_UNKNOWN = 0,     /* no counterpart, or one made after the step's first huge request
+                                 or freed before it, or a step without a huge request */
+  STASH_FATE_AROUND_HUGE = 1, /* freed between the step's first and last huge requests */
+  STASH_FATE_STAYS = 2        /* lived past the step's last huge request */
+} stash_fate_class_t;
+
+#define STASH_FATE_NONE UINT64_MAX /* an allocation not recorded */
+
+typedef struct stash_fate_rec_s {
+  uint64_t key;   /* size and context */
+  uint64_t born;  /* the clock when it was made ... */
+  uint64_t freed; /* ... and when a block of its key was first freed after that (0: none) */
+} stash_fate_rec_t;
+
+typedef struct stash_fate_step_s {
+  stash_fate_rec_t* recs; /* the step's large allocations, in order */
+  size_t n, cap;
+  uint32_t* index;        /* key -> its latest record + 1 (0: empty), open addressing */
+  size_t index_cap, nkeys;
+  uint64_t first_huge, last_huge; /* the clock at the step's first and last huge request */
+} stash_fate_step_t;
+
+typedef struct stash_fate_s {
+  stash_fate_step_t step[2]; /* [nsteps & 1]: this step; the other: the previous one */
+  uint64_t nsteps;           /* steps ended so far */
+  uint64_t clock;            /* large allocations asked for and large blocks freed so far */
+  int64_t peak;              /* the most bytes live in this step */
+  bool between;              /* between two steps (live bytes fell under a quarter of peak) */
+  bool disabled;             /* out of host memory once: no more predictions */
+} stash_fate_t;
+
+STASH_HIDDEN void _stash_fate_init(stash_fate_t* F);
+STASH_HIDDEN void _stash_fate_free(stash_fate_t* F);
+/* Before a large allocation of size bytes, with `live` bytes allocated (both pools) and
+ * `context` the loop detector's: what its counterpart in the previous step did. Call once per
+ * request, made or not. */
+STASH_HIDDEN stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t context,
+                                                    size_t size, int64_t live);
+/* Before a small allocation: live bytes, to follow the steps. */
+STASH_HIDDEN void _stash_fate_live(stash_fate_t* F, int64_t live);
+/* Record the allocation just predicted, made: its id for _stash_fate_freed. */
+STASH_HIDDEN uint64_t _stash_fate_alloc(stash_fate_t* F, uint64_t context, size_t size);
+/* Record the free of allocation `id` (STASH_FATE_NONE: nothing). */
+STASH_HIDDEN void _stash_fate_freed(stash_fate_t* F, uint64_t id);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 

@@ -221,3 +221,7 @@ bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2]
   }
   return true;
 }
+
+uint64_t _stash_loop_context(const stash_loop_t* L) {
+  return L->disabled ? STASH_LOOP_NONE : L->hash;
+}

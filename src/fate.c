@@ -1,0 +1,176 @@
+/* fate.c: what became, one training step earlier, of the allocation about to be made - so
+ * that the policy can put the blocks that will be freed together next to each other.
+ *
+ * A language model's forward pass lays its activations down layer by layer; some live until
+ * the backward pass, others (Hugging Face Llama's key/value cache, returned for every layer)
+ * are freed together just before the logits, the step's largest tensors. Placed in the order
+ * they come, the two kinds alternate, and the logits find the freed ones as many holes of a
+ * few tens of MiB between live blocks, none of which they fit: the arena grows by the whole
+ * logits. Placed apart - the ones that will be freed at the top of the free memory, the ones
+ * that stay at the bottom - the freed ones leave one free stretch at the arena's top, which the
+ * logits take with little or no growth (docs/policy-stash.md, "Twenty-seventh session").
+ *
+ * Which kind a block is shows only a step later: this file remembers, for every large
+ * allocation of a step, when it was made, and when a block of its key was first freed after
+ * that; the key is its size and the four large events before it (the loop detector's rolling
+ * hash: a layer's allocations repeat, so a key names "this tensor of a layer", and the last
+ * layer's allocation with it answers for all). For an allocation of the next step with the
+ * same key it answers what its counterpart did around the step's huge requests (kHuge or
+ * more): freed between the first and the last of them (STASH_FATE_AROUND_HUGE), or living
+ * past the last (STASH_FATE_STAYS). Allocations made after the first huge request, freed
+ * before it, or without a counterpart are STASH_FATE_UNKNOWN, as is everything in a step after
+ * one without a huge request: the policy places them by its other rules.
+ *
+ * Steps: a step ends when live bytes fall under 1/kQuiet of the most it held (after at least
+ * kMinPeak), and the next begins once they rise past half of that again (an optimizer's
+ * update, made between, belongs to neither).
+ *
+ * Memory: two steps' records (24 bytes per large allocation) and their indexes; a failed host
+ * allocation turns this off, which only ends the predictions.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define kHuge ((size_t)512 << 20) /* a huge request: the logits of a language model */
+#define kQuiet 4                  /* a step ends under 1/kQuiet of its peak live bytes */
+#define kMinPeak ((int64_t)256 << 20)
+#define kMaxRecords ((size_t)UINT32_MAX) /* a step's records, at most */
+
+void _stash_fate_init(stash_fate_t* F) { memset(F, 0, sizeof *F); }
+
+void _stash_fate_free(stash_fate_t* F) {
+  for (int i = 0; i < 2; i++) {
+    free(F->step[i].recs);
+    free(F->step[i].index);
+  }
+  _stash_fate_init(F);
+}
+
+static void disable(stash_fate_t* F) {
+  _stash_fate_free(F);
+  F->disabled = true;
+}
+
+static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static uint64_t key_of(uint64_t context, size_t size) { return mix(context ^ mix(size)); }
+
+/* The index slot of key in step t: the one holding it, or the empty one where it would go
+ * (the index is never more than half full). */
+static size_t slot_of(const stash_fate_step_t* t, uint64_t key) {
+  size_t mask = t->index_cap - 1, i = (size_t)key & mask;
+  while (t->index[i] && t->recs[t->index[i] - 1].key != key) i = (i + 1) & mask;
+  return i;
+}
+
+/* The record of the latest allocation with `key` in step t, or NULL. */
+static const stash_fate_rec_t* find(const stash_fate_step_t* t, uint64_t key) {
+  if (!t->index_cap) return NULL;
+  uint32_t r = t->index[slot_of(t, key)];
+  return r ? &t->recs[r - 1] : NULL;
+}
+
+/* Room for one more record in step t, the index kept at most half full; false when the host
+ * is out of memory. */
+static bool reserve(stash_fate_step_t* t) {
+  if (t->n == t->cap) {
+    stash_fate_rec_t* v = _stash_array_grow(t->recs, &t->cap, t->n + 1, sizeof *v, 256);
+    if (!v) return false;
+    t->recs = v;
+  }
+  if (2 * (t->nkeys + 1) > t->index_cap) {
+    size_t cap = t->index_cap ? 2 * t->index_cap : 512;
+    uint32_t* old = t->index;
+    size_t old_cap = t->index_cap;
+    t->index = calloc(cap, sizeof *t->index);
+    if (!t->index) {
+      t->index = old;
+      return false;
+    }
+    t->index_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+      if (old[i]) t->index[slot_of(t, t->recs[old[i] - 1].key)] = old[i];
+    free(old);
+  }
+  return true;
+}
+
+/* Follow live bytes: end the step, or begin the next. */
+static void follow(stash_fate_t* F, int64_t live) {
+  if (!F->between && live > F->peak) F->peak = live;
+  if (!F->between && F->peak >= kMinPeak && live * kQuiet < F->peak) {
+    F->between = true;
+    F->nsteps++;
+    stash_fate_step_t* t = &F->step[F->nsteps & 1]; /* the step before last: forgotten */
+    t->n = 0;
+    t->nkeys = 0;
+    if (t->index) memset(t->index, 0, t->index_cap * sizeof *t->index);
+    t->first_huge = t->last_huge = 0;
+  } else if (F->between && live * 2 > F->peak) {
+    F->between = false;
+    F->peak = live;
+  }
+}
+
+void _stash_fate_live(stash_fate_t* F, int64_t live) {
+  if (!F->disabled) follow(F, live);
+}
+
+stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t context, size_t size,
+                                       int64_t live) {
+  if (F->disabled) return STASH_FATE_UNKNOWN;
+  F->clock++;
+  follow(F, live);
+  if (!F->nsteps || context == STASH_LOOP_NONE) return STASH_FATE_UNKNOWN;
+  const stash_fate_step_t* prev = &F->step[(F->nsteps - 1) & 1];
+  if (!prev->first_huge) return STASH_FATE_UNKNOWN;
+  const stash_fate_rec_t* r = find(prev, key_of(context, size));
+  if (!r || r->born > prev->first_huge) return STASH_FATE_UNKNOWN;
+  if (r->freed && r->freed <= prev->first_huge) return STASH_FATE_UNKNOWN;
+  return r->freed && r->freed <= prev->last_huge ? STASH_FATE_AROUND_HUGE : STASH_FATE_STAYS;
+}
+
+uint64_t _stash_fate_alloc(stash_fate_t* F, uint64_t context, size_t size) {
+  if (F->disabled || context == STASH_LOOP_NONE) return STASH_FATE_NONE;
+  stash_fate_step_t* t = &F->step[F->nsteps & 1];
+  if (size >= kHuge) {
+    if (!t->first_huge) t->first_huge = F->clock;
+    if (!F->between) t->last_huge = F->clock;
+  }
+  if (t->n >= kMaxRecords) return STASH_FATE_NONE;
+  if (!reserve(t)) {
+    disable(F);
+    return STASH_FATE_NONE;
+  }
+  uint64_t key = key_of(context, size);
+  size_t i = slot_of(t, key);
+  if (!t->index[i]) t->nkeys++;
+  t->recs[t->n] = (stash_fate_rec_t){key, F->clock, 0};
+  t->index[i] = (uint32_t)++t->n; /* the latest allocation with the key answers for it */
+  return F->nsteps << 32 | (t->n - 1);
+}
+
+/* The free of a block marks its key's latest record, if not yet marked: a key answers with
+ * when its latest allocation was made and when a block of the key was first freed after
+ * that - for a layer's tensor, when the last layer's was made and when the first layer's
+ * went (the same as the latest block's own free where the layers' blocks go together; on a
+ * few T5 runs better where they do not: docs/policy-stash.md, "Twenty-seventh session"). */
+void _stash_fate_freed(stash_fate_t* F, uint64_t id) {
+  if (F->disabled || id == STASH_FATE_NONE) return;
+  F->clock++;
+  uint64_t step = id >> 32;
+  size_t i = (size_t)(id & UINT32_MAX);
+  /* this step's allocation, or the previous step's; older ones are forgotten */
+  if (step != (F->nsteps & UINT32_MAX) && step + 1 != (F->nsteps & UINT32_MAX)) return;
+  stash_fate_step_t* t = &F->step[step & 1];
+  if (i >= t->n) return;
+  stash_fate_rec_t* r = &t->recs[t->index[slot_of(t, t->recs[i].key)] - 1];
+  if (!r->freed) r->freed = F->clock;
+}

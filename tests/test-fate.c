@@ -1,0 +1,195 @@
+/* test-fate: what the previous training step's counterpart of an allocation did (src/fate.c),
+ * which policy:stash uses to put the blocks freed around the logits together. */
+#include <stdlib.h>
+
+#include "internal.h"
+#include "testhelper.h"
+
+#define MiB ((size_t)1 << 20)
+#define HUGE (600 * MiB) /* over fate.c's kHuge, 512 MiB */
+
+/* Predict, then record, an allocation (as policy:stash does); the class through *cls. */
+static uint64_t alloc(stash_fate_t* F, uint64_t ctx, size_t size, int64_t live,
+                      stash_fate_class_t* cls) {
+  stash_fate_class_t c = _stash_fate_predict(F, ctx, size, live);
+  if (cls) *cls = c;
+  return _stash_fate_alloc(F, ctx, size);
+}
+
+/* The end of a step: live bytes fall under a quarter of its peak (the next step begins once
+ * they rise past half of it again: within the next step's allocations). */
+static void next_step(stash_fate_t* F) { _stash_fate_live(F, 10 * (int64_t)MiB); }
+
+/* One step of a small "language model": four layers, each keeping an activation (context 1,
+ * live until the end) beside a key/value block (context 2, freed between the two logits),
+ * and a temporary (context 3, freed at once); then two huge logits and a block made after
+ * them (context 6). */
+static void model_step(stash_fate_t* F, stash_fate_class_t cls[7]) {
+  uint64_t act[4], kv[4];
+  for (int l = 0; l < 4; l++) { /* live bytes (made up, rising) as the policy passes them */
+    int64_t live = (100 + 300 * l) * (int64_t)MiB;
+    act[l] = alloc(F, 1, 10 * MiB, live, &cls[1]);
+    kv[l] = alloc(F, 2, 24 * MiB, live + 100 * (int64_t)MiB, &cls[2]);
+    uint64_t tmp = alloc(F, 3, 8 * MiB, live + 200 * (int64_t)MiB, &cls[3]);
+    _stash_fate_freed(F, tmp);
+  }
+  uint64_t logits1 = alloc(F, 4, HUGE, 1300 * (int64_t)MiB, &cls[4]);
+  for (int l = 0; l < 4; l++) _stash_fate_freed(F, kv[l]);
+  uint64_t logits2 = alloc(F, 5, HUGE, 1900 * (int64_t)MiB, &cls[5]);
+  uint64_t late = alloc(F, 6, 16 * MiB, 2500 * (int64_t)MiB, &cls[6]);
+  _stash_fate_freed(F, logits1);
+  _stash_fate_freed(F, logits2);
+  _stash_fate_freed(F, late);
+  for (int l = 0; l < 4; l++) _stash_fate_freed(F, act[l]);
+}
+
+TEST(a_step_learns_what_the_last_one_did_around_its_huge_requests) {
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  stash_fate_class_t c[7];
+  model_step(&F, c); /* the first step: nothing to learn from */
+  for (int k = 1; k <= 6; k++) CHECK_EQ(c[k], STASH_FATE_UNKNOWN);
+  next_step(&F);
+  CHECK_EQ(F.nsteps, 1);
+  for (int s = 0; s < 3; s++) {
+    model_step(&F, c);
+    CHECK_EQ(c[1], STASH_FATE_STAYS);       /* the activations: live past the last logits */
+    CHECK_EQ(c[2], STASH_FATE_AROUND_HUGE); /* the key/value blocks: freed between them */
+    CHECK_EQ(c[3], STASH_FATE_UNKNOWN);     /* freed before the first logits */
+    CHECK_EQ(c[4], STASH_FATE_STAYS);       /* the first logits: freed after the last */
+    CHECK_EQ(c[5], STASH_FATE_UNKNOWN);     /* made after the first huge request */
+    CHECK_EQ(c[6], STASH_FATE_UNKNOWN);
+    next_step(&F);
+  }
+  /* another size after the same events, or another context: no counterpart */
+  CHECK_EQ(_stash_fate_predict(&F, 2, 25 * MiB, 200 * (int64_t)MiB), STASH_FATE_UNKNOWN);
+  CHECK_EQ(_stash_fate_predict(&F, 77, 24 * MiB, 200 * (int64_t)MiB), STASH_FATE_UNKNOWN);
+  _stash_fate_free(&F);
+}
+
+TEST(a_step_without_a_huge_request_teaches_nothing) {
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  stash_fate_class_t c = STASH_FATE_UNKNOWN;
+  uint64_t a = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
+  uint64_t b = alloc(&F, 2, 400 * MiB, 700 * (int64_t)MiB, NULL); /* under kHuge */
+  _stash_fate_freed(&F, a);
+  _stash_fate_freed(&F, b);
+  next_step(&F);
+  alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, &c);
+  CHECK_EQ(c, STASH_FATE_UNKNOWN);
+  alloc(&F, 2, 400 * MiB, 700 * (int64_t)MiB, &c);
+  CHECK_EQ(c, STASH_FATE_UNKNOWN);
+  _stash_fate_free(&F);
+}
+
+TEST(steps_end_under_a_quarter_of_the_peak_and_begin_past_half) {
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  _stash_fate_live(&F, 200 * (int64_t)MiB); /* a peak under 256 MiB ends no step */
+  _stash_fate_live(&F, 0);
+  CHECK_EQ(F.nsteps, 0);
+  _stash_fate_live(&F, 1000 * (int64_t)MiB);
+  _stash_fate_live(&F, 251 * (int64_t)MiB); /* a quarter and more: the same step */
+  CHECK_EQ(F.nsteps, 0);
+  _stash_fate_live(&F, 249 * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 1);
+  CHECK(F.between);
+  _stash_fate_live(&F, 100 * (int64_t)MiB); /* still between: no second end */
+  _stash_fate_live(&F, 499 * (int64_t)MiB);
+  CHECK(F.between);
+  _stash_fate_live(&F, 501 * (int64_t)MiB); /* past half: the next step's peak starts here */
+  CHECK(!F.between);
+  CHECK_EQ(F.peak, 501 * (int64_t)MiB);
+  _stash_fate_live(&F, 126 * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 1);
+  _stash_fate_live(&F, 125 * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 2);
+  _stash_fate_free(&F);
+}
+
+TEST(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it) {
+  /* two blocks with one key: freed, the first, before the second is made - the second's own
+   * life decides (it stays); or after it - that free decides (around the huge requests) */
+  for (int order = 0; order < 2; order++) {
+    stash_fate_t F;
+    _stash_fate_init(&F);
+    uint64_t a = alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, NULL);
+    if (order == 0) _stash_fate_freed(&F, a);
+    uint64_t b = alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, NULL);
+    uint64_t h1 = alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+    if (order == 1) _stash_fate_freed(&F, a);
+    uint64_t h2 = alloc(&F, 5, HUGE, 1500 * (int64_t)MiB, NULL);
+    _stash_fate_freed(&F, h1);
+    _stash_fate_freed(&F, h2);
+    _stash_fate_freed(&F, b);
+    next_step(&F);
+    stash_fate_class_t c = STASH_FATE_UNKNOWN;
+    alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, &c);
+    CHECK_EQ(c, order == 0 ? STASH_FATE_STAYS : STASH_FATE_AROUND_HUGE);
+    _stash_fate_free(&F);
+  }
+}
+
+TEST(an_allocation_without_context_is_not_recorded) {
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  CHECK_EQ(_stash_fate_predict(&F, STASH_LOOP_NONE, 10 * MiB, 0), STASH_FATE_UNKNOWN);
+  CHECK(_stash_fate_alloc(&F, STASH_LOOP_NONE, 10 * MiB) == STASH_FATE_NONE);
+  _stash_fate_freed(&F, STASH_FATE_NONE); /* nothing */
+  CHECK_EQ(F.step[0].n, 0);
+  _stash_fate_free(&F);
+}
+
+TEST(a_block_of_two_steps_back_marks_nothing) {
+  /* a block made in step 0 and freed in step 2 has an index that step 2's records reuse */
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  uint64_t old = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
+  alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+  next_step(&F);
+  alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+  next_step(&F);
+  CHECK_EQ(F.nsteps, 2);
+  uint64_t now = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL); /* record 0 of step[0] */
+  CHECK_EQ(now & UINT32_MAX, old & UINT32_MAX);
+  alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+  _stash_fate_freed(&F, old); /* step 0's: forgotten, must not mark step 2's record */
+  CHECK_EQ(F.step[0].recs[0].freed, 0);
+  _stash_fate_freed(&F, now);
+  CHECK(F.step[0].recs[0].freed != 0);
+  _stash_fate_free(&F);
+}
+
+TEST(many_keys_grow_the_index_and_keep_their_answers) {
+  /* 5000 layers' blocks, odd ones freed between the huge requests */
+  enum { N = 5000 };
+  static uint64_t ids[N];
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  for (int i = 0; i < N; i++)
+    ids[i] = alloc(&F, 1000 + (uint64_t)i, 4 * MiB, 300 * (int64_t)MiB, NULL);
+  alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+  for (int i = 1; i < N; i += 2) _stash_fate_freed(&F, ids[i]);
+  alloc(&F, 5, HUGE, 1500 * (int64_t)MiB, NULL);
+  for (int i = 0; i < N; i += 2) _stash_fate_freed(&F, ids[i]);
+  CHECK(F.step[0].index_cap >= 2 * (size_t)N);
+  next_step(&F);
+  int wrong = 0;
+  for (int i = 0; i < N; i++)
+    wrong += _stash_fate_predict(&F, 1000 + (uint64_t)i, 4 * MiB, 300 * (int64_t)MiB) !=
+             (i % 2 ? STASH_FATE_AROUND_HUGE : STASH_FATE_STAYS);
+  CHECK_EQ(wrong, 0);
+  _stash_fate_free(&F);
+}
+
+int main(void) {
+  RUN(a_step_learns_what_the_last_one_did_around_its_huge_requests);
+  RUN(a_step_without_a_huge_request_teaches_nothing);
+  RUN(steps_end_under_a_quarter_of_the_peak_and_begin_past_half);
+  RUN(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it);
+  RUN(an_allocation_without_context_is_not_recorded);
+  RUN(a_block_of_two_steps_back_marks_nothing);
+  RUN(many_keys_grow_the_index_and_keep_their_answers);
+  TEST_MAIN_END();
+}
