@@ -25,8 +25,8 @@
  * kMinPeak), and the next begins once they rise past half of that again (an optimizer's
  * update, made between, belongs to neither).
  *
- * Memory: two steps' records (24 bytes per large allocation) and their indexes; a failed host
- * allocation turns this off, which only ends the predictions.
+ * Memory: two steps' tables, 24 bytes per key (at most twice the keys a step has); a failed
+ * host allocation turns this off, which only ends the predictions.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +36,11 @@
 #define kHuge ((size_t)512 << 20) /* a huge request: the logits of a language model */
 #define kQuiet 4                  /* a step ends under 1/kQuiet of its peak live bytes */
 #define kMinPeak ((int64_t)256 << 20)
-#define kMaxRecords ((size_t)UINT32_MAX) /* a step's records, at most */
 
 void _stash_fate_init(stash_fate_t* F) { memset(F, 0, sizeof *F); }
 
 void _stash_fate_free(stash_fate_t* F) {
-  for (int i = 0; i < 2; i++) {
-    free(F->step[i].recs);
-    free(F->step[i].index);
-  }
+  for (int i = 0; i < 2; i++) free(F->step[i].slots);
   _stash_fate_init(F);
 }
 
@@ -62,43 +58,34 @@ static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
 
 static uint64_t key_of(uint64_t context, size_t size) { return mix(context ^ mix(size)); }
 
-/* The index slot of key in step t: the one holding it, or the empty one where it would go
- * (the index is never more than half full). */
-static size_t slot_of(const stash_fate_step_t* t, uint64_t key) {
-  size_t mask = t->index_cap - 1, i = (size_t)key & mask;
-  while (t->index[i] && t->recs[t->index[i] - 1].key != key) i = (i + 1) & mask;
-  return i;
+/* The slot of key in step t: the one holding it, or the empty one (born 0) where it would go
+ * (a table is never more than half full). */
+static stash_fate_slot_t* slot_of(const stash_fate_step_t* t, uint64_t key) {
+  size_t mask = t->cap - 1, i = (size_t)key & mask;
+  while (t->slots[i].born && t->slots[i].key != key) i = (i + 1) & mask;
+  return &t->slots[i];
 }
 
-/* The record of the latest allocation with `key` in step t, or NULL. */
-static const stash_fate_rec_t* find(const stash_fate_step_t* t, uint64_t key) {
-  if (!t->index_cap) return NULL;
-  uint32_t r = t->index[slot_of(t, key)];
-  return r ? &t->recs[r - 1] : NULL;
+/* Key's slot in step t, or NULL. */
+static stash_fate_slot_t* find(const stash_fate_step_t* t, uint64_t key) {
+  if (!t->cap) return NULL;
+  stash_fate_slot_t* x = slot_of(t, key);
+  return x->born ? x : NULL;
 }
 
-/* Room for one more record in step t, the index kept at most half full; false when the host
- * is out of memory. */
+/* Room for one more key in step t; false when the host is out of memory. */
 static bool reserve(stash_fate_step_t* t) {
-  if (t->n == t->cap) {
-    stash_fate_rec_t* v = _stash_array_grow(t->recs, &t->cap, t->n + 1, sizeof *v, 256);
-    if (!v) return false;
-    t->recs = v;
+  if (2 * (t->nkeys + 1) <= t->cap) return true;
+  size_t cap = t->cap ? 2 * t->cap : 512, old_cap = t->cap;
+  stash_fate_slot_t* old = t->slots;
+  if (!(t->slots = calloc(cap, sizeof *t->slots))) {
+    t->slots = old;
+    return false;
   }
-  if (2 * (t->nkeys + 1) > t->index_cap) {
-    size_t cap = t->index_cap ? 2 * t->index_cap : 512;
-    uint32_t* old = t->index;
-    size_t old_cap = t->index_cap;
-    t->index = calloc(cap, sizeof *t->index);
-    if (!t->index) {
-      t->index = old;
-      return false;
-    }
-    t->index_cap = cap;
-    for (size_t i = 0; i < old_cap; i++)
-      if (old[i]) t->index[slot_of(t, t->recs[old[i] - 1].key)] = old[i];
-    free(old);
-  }
+  t->cap = cap;
+  for (size_t i = 0; i < old_cap; i++)
+    if (old[i].born) *slot_of(t, old[i].key) = old[i];
+  free(old);
   return true;
 }
 
@@ -109,9 +96,8 @@ static void follow(stash_fate_t* F, int64_t live) {
     F->between = true;
     F->nsteps++;
     stash_fate_step_t* t = &F->step[F->nsteps & 1]; /* the step before last: forgotten */
-    t->n = 0;
+    if (t->slots) memset(t->slots, 0, t->cap * sizeof *t->slots);
     t->nkeys = 0;
-    if (t->index) memset(t->index, 0, t->index_cap * sizeof *t->index);
     t->first_huge = t->last_huge = 0;
   } else if (F->between && live * 2 > F->peak) {
     F->between = false;
@@ -120,57 +106,60 @@ static void follow(stash_fate_t* F, int64_t live) {
 }
 
 void _stash_fate_live(stash_fate_t* F, int64_t live) {
+  F->asked = false;
   if (!F->disabled) follow(F, live);
 }
 
 stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t context, size_t size,
                                        int64_t live) {
+  F->asked = false;
   if (F->disabled) return STASH_FATE_UNKNOWN;
   F->clock++;
   follow(F, live);
-  if (!F->nsteps || context == STASH_LOOP_NONE) return STASH_FATE_UNKNOWN;
+  if (context == STASH_LOOP_NONE) return STASH_FATE_UNKNOWN;
+  F->asked = true; /* for _stash_fate_alloc */
+  F->asked_key = key_of(context, size);
+  F->asked_huge = size >= kHuge;
+  if (!F->nsteps) return STASH_FATE_UNKNOWN;
   const stash_fate_step_t* prev = &F->step[(F->nsteps - 1) & 1];
   if (!prev->first_huge) return STASH_FATE_UNKNOWN;
-  const stash_fate_rec_t* r = find(prev, key_of(context, size));
+  const stash_fate_slot_t* r = find(prev, F->asked_key);
   if (!r || r->born > prev->first_huge) return STASH_FATE_UNKNOWN;
   if (r->freed && r->freed <= prev->first_huge) return STASH_FATE_UNKNOWN;
   return r->freed && r->freed <= prev->last_huge ? STASH_FATE_AROUND_HUGE : STASH_FATE_STAYS;
 }
 
-uint64_t _stash_fate_alloc(stash_fate_t* F, uint64_t context, size_t size) {
-  if (F->disabled || context == STASH_LOOP_NONE) return STASH_FATE_NONE;
+bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
+  if (F->disabled || !F->asked) return false;
+  F->asked = false;
   stash_fate_step_t* t = &F->step[F->nsteps & 1];
-  if (size >= kHuge) {
+  if (F->asked_huge) {
     if (!t->first_huge) t->first_huge = F->clock;
     if (!F->between) t->last_huge = F->clock;
   }
-  if (t->n >= kMaxRecords) return STASH_FATE_NONE;
   if (!reserve(t)) {
     disable(F);
-    return STASH_FATE_NONE;
+    return false;
   }
-  uint64_t key = key_of(context, size);
-  size_t i = slot_of(t, key);
-  if (!t->index[i]) t->nkeys++;
-  t->recs[t->n] = (stash_fate_rec_t){key, F->clock, 0};
-  t->index[i] = (uint32_t)++t->n; /* the latest allocation with the key answers for it */
-  return F->nsteps << 32 | (t->n - 1);
+  stash_fate_slot_t* x = slot_of(t, F->asked_key);
+  if (!x->born) t->nkeys++;
+  *x = (stash_fate_slot_t){F->asked_key, F->clock, 0}; /* the latest allocation answers */
+  *key = F->asked_key;
+  *step = (uint32_t)F->nsteps;
+  return true;
 }
 
-/* The free of a block marks its key's latest record, if not yet marked: a key answers with
- * when its latest allocation was made and when a block of the key was first freed after
- * that - for a layer's tensor, when the last layer's was made and when the first layer's
- * went (the same as the latest block's own free where the layers' blocks go together; on a
- * few T5 runs better where they do not: docs/policy-stash.md, "Twenty-seventh session"). */
-void _stash_fate_freed(stash_fate_t* F, uint64_t id) {
-  if (F->disabled || id == STASH_FATE_NONE) return;
+/* The free of a block marks its key's slot, if not yet marked: a key answers with when its
+ * latest allocation was made and when a block of the key was first freed after that - for a
+ * layer's tensor, when the last layer's was made and when the first layer's went (the same
+ * as the latest block's own free where the layers' blocks go together; on a few T5 runs
+ * better where they do not: docs/policy-stash.md, "Twenty-seventh session"). */
+void _stash_fate_freed(stash_fate_t* F, uint64_t key, uint32_t step) {
+  if (F->disabled) return;
   F->clock++;
-  uint64_t step = id >> 32;
-  size_t i = (size_t)(id & UINT32_MAX);
   /* this step's allocation, or the previous step's; older ones are forgotten */
-  if (step != (F->nsteps & UINT32_MAX) && step + 1 != (F->nsteps & UINT32_MAX)) return;
-  stash_fate_step_t* t = &F->step[step & 1];
-  if (i >= t->n) return;
-  stash_fate_rec_t* r = &t->recs[t->index[slot_of(t, t->recs[i].key)] - 1];
-  if (!r->freed) r->freed = F->clock;
+  uint32_t now = (uint32_t)F->nsteps;
+  if (step != now && step + 1 != now) return;
+  stash_fate_slot_t* x = find(&F->step[step & 1], key);
+  if (x && !x->freed) x->freed = F->clock;
 }

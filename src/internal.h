@@ -195,19 +195,15 @@ typedef enum {
   STASH_FATE_STAYS = 2        /* lived past the step's last huge request */
 } stash_fate_class_t;
 
-#define STASH_FATE_NONE UINT64_MAX /* an allocation not recorded */
-
-typedef struct stash_fate_rec_s {
+typedef struct stash_fate_slot_s {
   uint64_t key;   /* size and context */
-  uint64_t born;  /* the clock when it was made ... */
-  uint64_t freed; /* ... and when a block of its key was first freed after that (0: none) */
-} stash_fate_rec_t;
+  uint64_t born;  /* the clock when the key's latest allocation was made (0: an empty slot) */
+  uint64_t freed; /* ... and when a block of the key was first freed after that (0: none) */
+} stash_fate_slot_t;
 
 typedef struct stash_fate_step_s {
-  stash_fate_rec_t* recs; /* the step's large allocations, in order */
-  size_t n, cap;
-  uint32_t* index;        /* key -> its latest record + 1 (0: empty), open addressing */
-  size_t index_cap, nkeys;
+  stash_fate_slot_t* slots; /* open addressing by key, at most half full */
+  size_t cap, nkeys;
   uint64_t first_huge, last_huge; /* the clock at the step's first and last huge request */
 } stash_fate_step_t;
 
@@ -218,6 +214,9 @@ typedef struct stash_fate_s {
   int64_t peak;              /* the most bytes live in this step */
   bool between;              /* between two steps (live bytes fell under a quarter of peak) */
   bool disabled;             /* out of host memory once: no more predictions */
+  bool asked;                /* a request predicted and not yet recorded: ... */
+  bool asked_huge;           /* ... a huge one? ... */
+  uint64_t asked_key;        /* ... its key */
 } stash_fate_t;
 
 STASH_HIDDEN void _stash_fate_init(stash_fate_t* F);
@@ -229,10 +228,11 @@ STASH_HIDDEN stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t co
                                                     size_t size, int64_t live);
 /* Before a small allocation: live bytes, to follow the steps. */
 STASH_HIDDEN void _stash_fate_live(stash_fate_t* F, int64_t live);
-/* Record the allocation just predicted, made: its id for _stash_fate_freed. */
-STASH_HIDDEN uint64_t _stash_fate_alloc(stash_fate_t* F, uint64_t context, size_t size);
-/* Record the free of allocation `id` (STASH_FATE_NONE: nothing). */
-STASH_HIDDEN void _stash_fate_freed(stash_fate_t* F, uint64_t id);
+/* Record the allocation just predicted (the last _stash_fate_predict, if no other call came
+ * between), made: false if not recorded, else its key and step for _stash_fate_freed. */
+STASH_HIDDEN bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step);
+/* Record the free of a block that _stash_fate_alloc recorded. */
+STASH_HIDDEN void _stash_fate_freed(stash_fate_t* F, uint64_t key, uint32_t step);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 

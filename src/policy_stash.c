@@ -281,11 +281,13 @@ struct sb_block_s {
   uint32_t nuses, cap_uses;
   int event_count;    /* user, freed: events still to complete */
   uint64_t loop_id;   /* large user block: its event in the loop detector */
-  uint64_t fate_id;   /* large user block: its record in fate.c (STASH_FATE_NONE: none) */
+  uint64_t fate_key;  /* large user block recorded by fate.c (fated): its key and step */
   uint32_t tag;       /* free: 0 = any stream may use it; k = stream slot k only, for now */
+  uint32_t fate_step;
   uint64_t epoch;     /* free, tagged: the stream's epoch when it was freed */
   uint8_t kind;
   bool allocated;     /* user: live (false: freed, waiting for events) */
+  bool fated;
 };
 
 /* A physical allocation of an arena, at pages [first_page, first_page + npages) of it. New
@@ -2073,11 +2075,9 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   }
   /* what this request's counterpart did a step earlier (fate.c): one stream only, as turn
    * replay */
-  uint64_t context = STASH_LOOP_NONE;
   stash_fate_class_t fate = STASH_FATE_UNKNOWN;
   if (size > kSmallLimit) {
-    context = _stash_loop_context(&s->loop);
-    fate = _stash_fate_predict(&s->fate, context, size, live);
+    fate = _stash_fate_predict(&s->fate, _stash_loop_context(&s->loop), size, live);
     if (s->nstreams > 1) fate = STASH_FATE_UNKNOWN;
   } else {
     _stash_fate_live(&s->fate, live);
@@ -2111,7 +2111,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   }
   if (st != STASH_OK) return st;
   if (!block_small(b)) { /* a large block: tell fate.c and the loop detector */
-    b->fate_id = _stash_fate_alloc(&s->fate, context, size);
+    b->fated = size > kSmallLimit && _stash_fate_alloc(&s->fate, &b->fate_key, &b->fate_step);
     b->loop_id = _stash_loop_alloc(&s->loop, b->size,
                                    b->stitch ? STASH_LOOP_ELSEWHERE | b->stitch->id
                                              : b->ptr - b->arena->base);
@@ -2201,7 +2201,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
   stat_dec(h->stats.allocated_bytes, small, b->size);
   if (!small) {
     _stash_loop_freed(&s->loop, b->loop_id, b->size);
-    _stash_fate_freed(&s->fate, b->fate_id);
+    if (b->fated) _stash_fate_freed(&s->fate, b->fate_key, b->fate_step);
   }
   if (b->event_count == 0) user_free_complete(h, b);
   return STASH_OK;

@@ -8,12 +8,24 @@
 #define MiB ((size_t)1 << 20)
 #define HUGE (600 * MiB) /* over fate.c's kHuge, 512 MiB */
 
+typedef struct {
+  bool recorded;
+  uint64_t key;
+  uint32_t step;
+} block_t;
+
 /* Predict, then record, an allocation (as policy:stash does); the class through *cls. */
-static uint64_t alloc(stash_fate_t* F, uint64_t ctx, size_t size, int64_t live,
-                      stash_fate_class_t* cls) {
+static block_t alloc(stash_fate_t* F, uint64_t ctx, size_t size, int64_t live,
+                     stash_fate_class_t* cls) {
   stash_fate_class_t c = _stash_fate_predict(F, ctx, size, live);
   if (cls) *cls = c;
-  return _stash_fate_alloc(F, ctx, size);
+  block_t b = {false, 0, 0};
+  b.recorded = _stash_fate_alloc(F, &b.key, &b.step);
+  return b;
+}
+
+static void freed(stash_fate_t* F, block_t b) {
+  if (b.recorded) _stash_fate_freed(F, b.key, b.step);
 }
 
 /* The end of a step: live bytes fall under a quarter of its peak (the next step begins once
@@ -25,22 +37,22 @@ static void next_step(stash_fate_t* F) { _stash_fate_live(F, 10 * (int64_t)MiB);
  * and a temporary (context 3, freed at once); then two huge logits and a block made after
  * them (context 6). */
 static void model_step(stash_fate_t* F, stash_fate_class_t cls[7]) {
-  uint64_t act[4], kv[4];
+  block_t act[4], kv[4];
   for (int l = 0; l < 4; l++) { /* live bytes (made up, rising) as the policy passes them */
     int64_t live = (100 + 300 * l) * (int64_t)MiB;
     act[l] = alloc(F, 1, 10 * MiB, live, &cls[1]);
     kv[l] = alloc(F, 2, 24 * MiB, live + 100 * (int64_t)MiB, &cls[2]);
-    uint64_t tmp = alloc(F, 3, 8 * MiB, live + 200 * (int64_t)MiB, &cls[3]);
-    _stash_fate_freed(F, tmp);
+    block_t tmp = alloc(F, 3, 8 * MiB, live + 200 * (int64_t)MiB, &cls[3]);
+    freed(F, tmp);
   }
-  uint64_t logits1 = alloc(F, 4, HUGE, 1300 * (int64_t)MiB, &cls[4]);
-  for (int l = 0; l < 4; l++) _stash_fate_freed(F, kv[l]);
-  uint64_t logits2 = alloc(F, 5, HUGE, 1900 * (int64_t)MiB, &cls[5]);
-  uint64_t late = alloc(F, 6, 16 * MiB, 2500 * (int64_t)MiB, &cls[6]);
-  _stash_fate_freed(F, logits1);
-  _stash_fate_freed(F, logits2);
-  _stash_fate_freed(F, late);
-  for (int l = 0; l < 4; l++) _stash_fate_freed(F, act[l]);
+  block_t logits1 = alloc(F, 4, HUGE, 1300 * (int64_t)MiB, &cls[4]);
+  for (int l = 0; l < 4; l++) freed(F, kv[l]);
+  block_t logits2 = alloc(F, 5, HUGE, 1900 * (int64_t)MiB, &cls[5]);
+  block_t late = alloc(F, 6, 16 * MiB, 2500 * (int64_t)MiB, &cls[6]);
+  freed(F, logits1);
+  freed(F, logits2);
+  freed(F, late);
+  for (int l = 0; l < 4; l++) freed(F, act[l]);
 }
 
 TEST(a_step_learns_what_the_last_one_did_around_its_huge_requests) {
@@ -71,10 +83,10 @@ TEST(a_step_without_a_huge_request_teaches_nothing) {
   stash_fate_t F;
   _stash_fate_init(&F);
   stash_fate_class_t c = STASH_FATE_UNKNOWN;
-  uint64_t a = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
-  uint64_t b = alloc(&F, 2, 400 * MiB, 700 * (int64_t)MiB, NULL); /* under kHuge */
-  _stash_fate_freed(&F, a);
-  _stash_fate_freed(&F, b);
+  block_t a = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
+  block_t b = alloc(&F, 2, 400 * MiB, 700 * (int64_t)MiB, NULL); /* under kHuge */
+  freed(&F, a);
+  freed(&F, b);
   next_step(&F);
   alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, &c);
   CHECK_EQ(c, STASH_FATE_UNKNOWN);
@@ -114,15 +126,15 @@ TEST(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it) {
   for (int order = 0; order < 2; order++) {
     stash_fate_t F;
     _stash_fate_init(&F);
-    uint64_t a = alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, NULL);
-    if (order == 0) _stash_fate_freed(&F, a);
-    uint64_t b = alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, NULL);
-    uint64_t h1 = alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
-    if (order == 1) _stash_fate_freed(&F, a);
-    uint64_t h2 = alloc(&F, 5, HUGE, 1500 * (int64_t)MiB, NULL);
-    _stash_fate_freed(&F, h1);
-    _stash_fate_freed(&F, h2);
-    _stash_fate_freed(&F, b);
+    block_t a = alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, NULL);
+    if (order == 0) freed(&F, a);
+    block_t b = alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, NULL);
+    block_t h1 = alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+    if (order == 1) freed(&F, a);
+    block_t h2 = alloc(&F, 5, HUGE, 1500 * (int64_t)MiB, NULL);
+    freed(&F, h1);
+    freed(&F, h2);
+    freed(&F, b);
     next_step(&F);
     stash_fate_class_t c = STASH_FATE_UNKNOWN;
     alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, &c);
@@ -135,45 +147,48 @@ TEST(an_allocation_without_context_is_not_recorded) {
   stash_fate_t F;
   _stash_fate_init(&F);
   CHECK_EQ(_stash_fate_predict(&F, STASH_LOOP_NONE, 10 * MiB, 0), STASH_FATE_UNKNOWN);
-  CHECK(_stash_fate_alloc(&F, STASH_LOOP_NONE, 10 * MiB) == STASH_FATE_NONE);
-  _stash_fate_freed(&F, STASH_FATE_NONE); /* nothing */
-  CHECK_EQ(F.step[0].n, 0);
+  uint64_t key = 0;
+  uint32_t step = 0;
+  CHECK(!_stash_fate_alloc(&F, &key, &step));
+  CHECK_EQ(F.step[0].nkeys, 0);
   _stash_fate_free(&F);
 }
 
 TEST(a_block_of_two_steps_back_marks_nothing) {
-  /* a block made in step 0 and freed in step 2 has an index that step 2's records reuse */
+  /* a block made in step 0 and freed in step 2, whose table step 2 reuses, with its key */
   stash_fate_t F;
   _stash_fate_init(&F);
-  uint64_t old = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
+  block_t old = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
   alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
   next_step(&F);
   alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
   next_step(&F);
   CHECK_EQ(F.nsteps, 2);
-  uint64_t now = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL); /* record 0 of step[0] */
-  CHECK_EQ(now & UINT32_MAX, old & UINT32_MAX);
+  block_t now = alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
+  CHECK(now.key == old.key);
+  CHECK(now.step == old.step + 2);
+  freed(&F, old); /* step 0's: forgotten, must not mark step 2's key */
   alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
-  _stash_fate_freed(&F, old); /* step 0's: forgotten, must not mark step 2's record */
-  CHECK_EQ(F.step[0].recs[0].freed, 0);
-  _stash_fate_freed(&F, now);
-  CHECK(F.step[0].recs[0].freed != 0);
+  next_step(&F);
+  stash_fate_class_t c = STASH_FATE_UNKNOWN;
+  alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, &c);
+  CHECK_EQ(c, STASH_FATE_STAYS); /* "now" lives on (marked freed: UNKNOWN, before the huge) */
   _stash_fate_free(&F);
 }
 
 TEST(many_keys_grow_the_index_and_keep_their_answers) {
   /* 5000 layers' blocks, odd ones freed between the huge requests */
   enum { N = 5000 };
-  static uint64_t ids[N];
+  static block_t ids[N];
   stash_fate_t F;
   _stash_fate_init(&F);
   for (int i = 0; i < N; i++)
     ids[i] = alloc(&F, 1000 + (uint64_t)i, 4 * MiB, 300 * (int64_t)MiB, NULL);
   alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
-  for (int i = 1; i < N; i += 2) _stash_fate_freed(&F, ids[i]);
+  for (int i = 1; i < N; i += 2) freed(&F, ids[i]);
   alloc(&F, 5, HUGE, 1500 * (int64_t)MiB, NULL);
-  for (int i = 0; i < N; i += 2) _stash_fate_freed(&F, ids[i]);
-  CHECK(F.step[0].index_cap >= 2 * (size_t)N);
+  for (int i = 0; i < N; i += 2) freed(&F, ids[i]);
+  CHECK(F.step[0].cap >= 2 * (size_t)N);
   next_step(&F);
   int wrong = 0;
   for (int i = 0; i < N; i++)
