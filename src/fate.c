@@ -22,11 +22,12 @@
  * one without a huge request: the policy places them by its other rules.
  *
  * Steps: a step ends when live bytes fall under 1/kQuiet of the most it held (after at least
- * kMinPeak), and the next begins once they rise past half of that again (an optimizer's
- * update, made between, belongs to neither).
+ * kMinPeak); the next step's table starts there (an optimizer's update, made in the trough,
+ * is the next step's), and its peak is followed once live bytes rise past half of the last
+ * step's again.
  *
- * Memory: two steps' tables, 24 bytes per key (at most twice the keys a step has); a failed
- * host allocation turns this off, which only ends the predictions.
+ * Memory: two steps' tables of 24-byte slots, 2-4 slots per key; a failed host allocation
+ * turns this off, which only ends the predictions.
  */
 #include <stdlib.h>
 #include <string.h>
