@@ -1082,6 +1082,22 @@ TEST(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step) {
   fx_close(&f);
 }
 
+/* With a second stream the fates are off, as turn replay is (stream tags decide which free
+ * block a stream may take): the later steps grow by the optimizer's state as before. */
+TEST(a_second_stream_turns_the_fates_off) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  fx_free(&f, fx_alloc(&f, 4096, S2)); /* a second stream, once */
+  int64_t r1 = logits_step(&f);
+  void* state = fx_alloc(&f, 100 * MiB, S1);
+  int64_t r2 = logits_step(&f);
+  CHECK_EQ(r2 - r1, 100 * (int64_t)MiB);
+  fx_free(&f, state);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* A growth asked for when the arena holds at least 64 MiB free, twice the request more than
  * when the last growth was asked for, is no burst: memory was freed that the request cannot
  * use (scattered), and a burst's end would lie unused at the peak. It grows the exact need,
@@ -2419,6 +2435,7 @@ int main(void) {
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   RUN(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step);
+  RUN(a_second_stream_turns_the_fates_off);
   RUN(random_operations_keep_the_heap_consistent);
   RUN(random_loops_keep_the_heap_consistent);
   TEST_MAIN_END();
