@@ -11,8 +11,8 @@
  * logits take with little or no growth (docs/policy-stash.md, "Twenty-seventh session").
  *
  * Which kind a block is shows only a step later: this file remembers, for every large
- * allocation of a step, when it was made, and when a block of its key was first freed after
- * that; the key is its size and the four large events before it (the loop detector's rolling
+ * allocation of a step up to its first huge request, when it was made, and when a block of
+ * its key was first freed after that; the key is its size and the four large events before it (the loop detector's rolling
  * hash: a layer's allocations repeat, so a key names "this tensor of a layer", and the last
  * layer's allocation with it answers for all). For an allocation of the next step with the
  * same key it answers what its counterpart did around the step's huge requests (kHuge or
@@ -138,6 +138,9 @@ bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
     if (!t->first_huge) t->first_huge = F->clock;
     if (!F->between) t->last_huge = F->clock;
   }
+  /* made after the step's first huge request: its counterpart could only ever answer
+   * UNKNOWN, and the key keeps what its allocation before the logits did */
+  if (t->first_huge && t->first_huge < F->clock) return false;
   if (!reserve(t)) {
     disable(F);
     return false;

@@ -229,7 +229,8 @@ STASH_HIDDEN stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t co
 /* Before a small allocation: live bytes, to follow the steps. */
 STASH_HIDDEN void _stash_fate_live(stash_fate_t* F, int64_t live);
 /* Record the allocation just predicted (the last _stash_fate_predict, if no other call came
- * between), made: false if not recorded, else its key and step for _stash_fate_freed. */
+ * between), made: false if not recorded (one made after its step's first huge request is
+ * not), else its key and step for _stash_fate_freed. */
 STASH_HIDDEN bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step);
 /* Record the free of a block that _stash_fate_alloc recorded. */
 STASH_HIDDEN void _stash_fate_freed(stash_fate_t* F, uint64_t key, uint32_t step);

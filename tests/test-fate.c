@@ -143,6 +143,28 @@ TEST(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it) {
   }
 }
 
+TEST(allocations_after_the_first_huge_request_are_not_recorded) {
+  /* a key allocated before the first logits (its block freed between them) and again after
+   * them: the later allocation leaves the earlier answer standing */
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  block_t a = alloc(&F, 8, 16 * MiB, 300 * (int64_t)MiB, NULL);
+  block_t h1 = alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
+  freed(&F, a);
+  block_t b = alloc(&F, 8, 16 * MiB, 900 * (int64_t)MiB, NULL);
+  CHECK(!b.recorded);
+  block_t h2 = alloc(&F, 5, HUGE, 1500 * (int64_t)MiB, NULL);
+  CHECK(!h2.recorded);
+  freed(&F, b);
+  freed(&F, h1);
+  freed(&F, h2);
+  next_step(&F);
+  stash_fate_class_t c = STASH_FATE_UNKNOWN;
+  alloc(&F, 8, 16 * MiB, 300 * (int64_t)MiB, &c);
+  CHECK_EQ(c, STASH_FATE_AROUND_HUGE);
+  _stash_fate_free(&F);
+}
+
 TEST(an_allocation_without_context_is_not_recorded) {
   stash_fate_t F;
   _stash_fate_init(&F);
@@ -203,6 +225,7 @@ int main(void) {
   RUN(a_step_without_a_huge_request_teaches_nothing);
   RUN(steps_end_under_a_quarter_of_the_peak_and_begin_past_half);
   RUN(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it);
+  RUN(allocations_after_the_first_huge_request_are_not_recorded);
   RUN(an_allocation_without_context_is_not_recorded);
   RUN(a_block_of_two_steps_back_marks_nothing);
   RUN(many_keys_grow_the_index_and_keep_their_answers);
