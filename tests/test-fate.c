@@ -32,6 +32,14 @@ static void freed(stash_fate_t* F, block_t b) {
  * they rise past half of it again: within the next step's allocations). */
 static void next_step(stash_fate_t* F) { _stash_fate_live(F, 10 * (int64_t)MiB); }
 
+/* End the step, then ask what the next step's allocation with this key gets. */
+static stash_fate_class_t next_steps_class(stash_fate_t* F, uint64_t ctx, size_t size) {
+  next_step(F);
+  stash_fate_class_t c = STASH_FATE_UNKNOWN;
+  alloc(F, ctx, size, 300 * (int64_t)MiB, &c);
+  return c;
+}
+
 /* One step of a small "language model": four layers, each keeping an activation (context 1,
  * live until the end) beside a key/value block (context 2, freed between the two logits),
  * and a temporary (context 3, freed at once); then two huge logits and a block made after
@@ -87,9 +95,7 @@ TEST(a_step_without_a_huge_request_teaches_nothing) {
   block_t b = alloc(&F, 2, 400 * MiB, 700 * (int64_t)MiB, NULL); /* under kHuge */
   freed(&F, a);
   freed(&F, b);
-  next_step(&F);
-  alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, &c);
-  CHECK_EQ(c, STASH_FATE_UNKNOWN);
+  CHECK_EQ(next_steps_class(&F, 1, 10 * MiB), STASH_FATE_UNKNOWN);
   alloc(&F, 2, 400 * MiB, 700 * (int64_t)MiB, &c);
   CHECK_EQ(c, STASH_FATE_UNKNOWN);
   _stash_fate_free(&F);
@@ -135,10 +141,8 @@ TEST(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it) {
     freed(&F, h1);
     freed(&F, h2);
     freed(&F, b);
-    next_step(&F);
-    stash_fate_class_t c = STASH_FATE_UNKNOWN;
-    alloc(&F, 9, 12 * MiB, 300 * (int64_t)MiB, &c);
-    CHECK_EQ(c, order == 0 ? STASH_FATE_STAYS : STASH_FATE_AROUND_HUGE);
+    CHECK_EQ(next_steps_class(&F, 9, 12 * MiB),
+             order == 0 ? STASH_FATE_STAYS : STASH_FATE_AROUND_HUGE);
     _stash_fate_free(&F);
   }
 }
@@ -158,10 +162,7 @@ TEST(allocations_after_the_first_huge_request_are_not_recorded) {
   freed(&F, b);
   freed(&F, h1);
   freed(&F, h2);
-  next_step(&F);
-  stash_fate_class_t c = STASH_FATE_UNKNOWN;
-  alloc(&F, 8, 16 * MiB, 300 * (int64_t)MiB, &c);
-  CHECK_EQ(c, STASH_FATE_AROUND_HUGE);
+  CHECK_EQ(next_steps_class(&F, 8, 16 * MiB), STASH_FATE_AROUND_HUGE);
   _stash_fate_free(&F);
 }
 
@@ -191,10 +192,8 @@ TEST(a_block_of_two_steps_back_marks_nothing) {
   CHECK(now.step == old.step + 2);
   freed(&F, old); /* step 0's: forgotten, must not mark step 2's key */
   alloc(&F, 4, HUGE, 900 * (int64_t)MiB, NULL);
-  next_step(&F);
-  stash_fate_class_t c = STASH_FATE_UNKNOWN;
-  alloc(&F, 1, 10 * MiB, 300 * (int64_t)MiB, &c);
-  CHECK_EQ(c, STASH_FATE_STAYS); /* "now" lives on (marked freed: UNKNOWN, before the huge) */
+  /* "now" lives on (marked freed: UNKNOWN, before the huge request) */
+  CHECK_EQ(next_steps_class(&F, 1, 10 * MiB), STASH_FATE_STAYS);
   _stash_fate_free(&F);
 }
 
