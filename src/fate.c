@@ -12,9 +12,9 @@
  *
  * Which kind a block is shows only a step later: this file remembers, for every large
  * allocation of a step up to its first huge request, when it was made, and when a block of
- * its key was first freed after that; the key is its size and the four large events before it (the loop detector's rolling
- * hash: a layer's allocations repeat, so a key names "this tensor of a layer", and the last
- * layer's allocation with it answers for all). For an allocation of the next step with the
+ * its key was first freed after that; the key is its size and the four large events before
+ * it (the loop detector's rolling hash: a layer's allocations repeat, so a key names "this
+ * tensor of a layer", and the last layer's allocation with it answers for all). For an allocation of the next step with the
  * same key it answers what its counterpart did around the step's huge requests (kHuge or
  * more): freed between the first and the last of them (STASH_FATE_AROUND_HUGE), or living
  * past the last (STASH_FATE_STAYS). Allocations made after the first huge request, freed
@@ -50,14 +50,9 @@ static void disable(stash_fate_t* F) {
   F->disabled = true;
 }
 
-static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+static uint64_t key_of(uint64_t context, size_t size) {
+  return _stash_mix64(context ^ _stash_mix64(size));
 }
-
-static uint64_t key_of(uint64_t context, size_t size) { return mix(context ^ mix(size)); }
 
 /* The slot of key in step t: the one holding it, or the empty one (born 0) where it would go
  * (a table is never more than half full). */

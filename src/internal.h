@@ -125,6 +125,15 @@ STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
  * reallocated to the first doubling of *cap (or of `least`) that holds them, *cap updated;
  * NULL when the host is out of memory (v and *cap untouched). */
 STASH_HIDDEN void* _stash_array_grow(void* v, size_t* cap, size_t need, size_t size, size_t least);
+/* splitmix64's step: x plus the golden ratio, finalized - a well-mixed hash of x (loop.c's
+ * codes, fate.c's keys) and, applied to a counter, a sequence of random numbers (the
+ * simulator's fault injection). */
+static inline uint64_t _stash_mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 /* ---- default_heap.c, for plugins.c ------------------------------------------------------- */
 

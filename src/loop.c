@@ -41,14 +41,8 @@
 #define kMinPeriod 4
 #define kPredecessorHops 4096 /* a live counterpart's predecessor: earlier ones of its size tried */
 
-static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-static uint64_t alloc_code(size_t size) { return mix((uint64_t)size << 1); }
-static uint64_t free_code(uint64_t age) { return mix(age << 1 | 1); }
+static uint64_t alloc_code(size_t size) { return _stash_mix64((uint64_t)size << 1); }
+static uint64_t free_code(uint64_t age) { return _stash_mix64(age << 1 | 1); }
 
 void _stash_loop_init(stash_loop_t* L) {
   memset(L, 0, sizeof *L);
@@ -152,7 +146,7 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
   uint64_t e = L->base + L->n; /* this free's number */
   /* An allocation recorded before the detector failed (STASH_LOOP_NONE) has no age: a
    * code no allocation of the loop can have ends any proposal. */
-  uint64_t code = id < e ? free_code(e - id) : mix(UINT64_MAX);
+  uint64_t code = id < e ? free_code(e - id) : _stash_mix64(UINT64_MAX);
   if (id < e && id >= L->base) at(L, id)->freed = e;
   if (!push(L, code, -(int64_t)size, STASH_LOOP_NONE)) {
     disable(L);

@@ -1803,7 +1803,6 @@ static sb_block* replay_range(stash_heap_t* h, uint32_t id, size_t size, uint32_
   return ub;
 }
 
-/* One attempt: a cached block, a stitched block, or a grown arena. */
 /* [at, at + size) of free block fb of arena a, made usable and carved out (kind to be set by
  * the caller); NULL, with *st set, when the provider or the host fails. */
 static sb_block* take_at(stash_heap_t* h, sb_arena* a, sb_block* fb, uint64_t at, size_t size,
@@ -1817,6 +1816,7 @@ static sb_block* take_at(stash_heap_t* h, sb_arena* a, sb_block* fb, uint64_t at
   return carve(S(h), fb, at, size, pre, post);
 }
 
+/* One attempt: a cached block, a stitched block, or a grown arena. */
 /* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
  * if that memory is free now (one stream): its place in the arena, or its stitched range.
  * NULL otherwise, or, with *st set, when the host is out of memory. */
@@ -2111,7 +2111,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   }
   if (st != STASH_OK) return st;
   if (!block_small(b)) { /* a large block: tell fate.c and the loop detector */
-    b->fated = size > kSmallLimit && _stash_fate_alloc(&s->fate, &b->fate_key, &b->fate_step);
+    b->fated = _stash_fate_alloc(&s->fate, &b->fate_key, &b->fate_step);
     b->loop_id = _stash_loop_alloc(&s->loop, b->size,
                                    b->stitch ? STASH_LOOP_ELSEWHERE | b->stitch->id
                                              : b->ptr - b->arena->base);

@@ -366,10 +366,9 @@ static double pieces_cost(const stash_sim_t* s, uint64_t va, uint64_t size, doub
 /* ---- Calls, counters and fault injection ------------------------------------------------ */
 
 static uint64_t next_random(stash_sim_t* s) {
-  uint64_t z = (s->rng += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  uint64_t z = _stash_mix64(s->rng);
+  s->rng += 0x9E3779B97F4A7C15ULL;
+  return z;
 }
 
 /* Count a call; returns a status other than STASH_OK if it is to fail. Lock held. */
