@@ -49,14 +49,15 @@
  * not to pay four times the calls.
  *
  * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
- * give at least a tenth of it in whole physical allocations - or half of it in whole
- * allocations, a head and a tail (below), and, once live bytes have first fallen to half their
- * peak, half less a page (a freed block seldom begins or ends exactly at an allocation's edge,
- * so as a head or a tail it gives a little less than its size: a request of twice a freed
- * block - BERT-large's 357.7 MiB beside a freed 178.8 at its second step's peak - is stitched
- * from it, not grown whole; in the first forward pass, where every byte grown is still needed
- * at the peak the pass climbs to, such a range would buy nothing and cost its pieces' access
- * calls - ViT's attention does it in every layer): a fresh virtual range mapped onto physical
+ * give at least a tenth of it in whole physical allocations - or, in the first forward pass
+ * (until live bytes first fall to half their peak), half of it in whole allocations, a head
+ * and a tail (below): every byte grown there is still needed at the peak the pass climbs to,
+ * so a range that takes less would buy nothing and cost its pieces' access calls (ViT's
+ * attention would make one in every layer); after it, a tenth less a page in whole
+ * allocations, a head and a tail together (a freed block seldom begins or ends exactly at an
+ * allocation's edge, so as a head or a tail it gives a little less than its size: Llama's
+ * 875 MiB logits beside a freed 234 MiB that no whole allocation lies in are stitched from
+ * it, not grown whole - post/llama_b7 97.1% -> 99.9%): a fresh virtual range mapped onto physical
  * allocations that are wholly free right now - in the large arena's holes, the largest hole
  * first, then the small arena's (small requests peak at other times than large ones: an
  * optimizer's step against the forward pass), then at the large arena's free end - and, for
@@ -226,9 +227,10 @@ static long long knob(const char* name, long long value) {
 #define kQuietShare KNOB_I(kQuietShare, 4)
 #define kFirstFitTries KNOB_I(kFirstFitTries, 256)
 /* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
- * of them in whole allocations, or at least half (less a page, after the first drop) with the
- * best head and tail; smaller ones from kStitchCoverMin too between the first drop and a
- * repeating turn, and otherwise only when whole free allocations cover them (no new memory).
+ * of them in whole allocations, or with the best head and tail at least half (before the
+ * first drop) or 1/kStitchHoleShare less a page (after it); smaller ones from kStitchCoverMin
+ * too between the first drop and a repeating turn, and otherwise only when whole free
+ * allocations cover them (no new memory).
  * A range for a request under kStitchEdgeMin has no head, nor a tail in a hole.
  * New memory for a stitched range: one allocation of at most kStitchPiece, or of
  * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
@@ -1684,9 +1686,12 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (!edges_known) stitch_edges(h, slot, &hd, &tl);
     edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
-    /* less than half (less a page, once live bytes have first fallen to half their peak):
-     * grow instead */
-    if (2 * (got * G + edges + (s->dropped ? G : 0)) < size) {
+    /* in the first forward pass, less than half: grow instead (every byte grown there is
+     * needed at the peak the pass climbs to; a range would only add its pieces' access calls);
+     * once live bytes have first fallen to half their peak, less than the share whole
+     * allocations need alone, less a page (docs/policy-stash.md, "Twenty-eighth session") */
+    size_t share = s->dropped ? (size_t)kStitchHoleShare : 2;
+    if (share * (got * G + edges + (s->dropped ? G : 0)) < size) {
       free(homes);
       *out = NULL;
       return STASH_OK;
