@@ -57,7 +57,8 @@
  * allocations, a head and a tail together (a freed block seldom begins or ends exactly at an
  * allocation's edge, so as a head or a tail it gives a little less than its size: Llama's
  * 875 MiB logits beside a freed 234 MiB that no whole allocation lies in are stitched from
- * it, not grown whole - post/llama_b7 97.1% -> 99.9%): a fresh virtual range mapped onto physical
+ * it, not grown whole - post/llama_b7 97.1% -> 99.9%; half still in a heap turned tight, below,
+ * where it needs a smaller device): a fresh virtual range mapped onto physical
  * allocations that are wholly free right now - in the large arena's holes, the largest hole
  * first, then the small arena's (small requests peak at other times than large ones: an
  * optimizer's step against the forward pass), then at the large arena's free end - and, for
@@ -228,9 +229,9 @@ static long long knob(const char* name, long long value) {
 #define kFirstFitTries KNOB_I(kFirstFitTries, 256)
 /* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
  * of them in whole allocations, or with the best head and tail at least half (before the
- * first drop) or 1/kStitchHoleShare less a page (after it); smaller ones from kStitchCoverMin
- * too between the first drop and a repeating turn, and otherwise only when whole free
- * allocations cover them (no new memory).
+ * first drop, or tight) or 1/kStitchHoleShare less a page (after it); smaller ones from
+ * kStitchCoverMin too between the first drop and a repeating turn, and otherwise only when
+ * whole free allocations cover them (no new memory).
  * A range for a request under kStitchEdgeMin has no head, nor a tail in a hole.
  * New memory for a stitched range: one allocation of at most kStitchPiece, or of
  * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
@@ -1689,8 +1690,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     /* in the first forward pass, less than half: grow instead (every byte grown there is
      * needed at the peak the pass climbs to; a range would only add its pieces' access calls);
      * once live bytes have first fallen to half their peak, less than the share whole
-     * allocations need alone, less a page (docs/policy-stash.md, "Twenty-eighth session") */
-    size_t share = s->dropped ? (size_t)kStitchHoleShare : 2;
+     * allocations need alone, less a page - but half still in a tight heap, which needs a
+     * smaller device so (docs/policy-stash.md, "Twenty-eighth session") */
+    size_t share = s->dropped && !s->tight ? (size_t)kStitchHoleShare : 2;
     if (share * (got * G + edges + (s->dropped ? G : 0)) < size) {
       free(homes);
       *out = NULL;

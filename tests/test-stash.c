@@ -1546,6 +1546,36 @@ TEST(a_request_the_holes_give_a_tenth_of_less_a_page_is_stitched_after_the_first
   fx_close(&f);
 }
 
+/* ... but a heap turned tight (its device 93% full at the first drop) keeps half: there the
+ * tenth needs a larger device (README, "At the device's limit"). The same 300 MiB that the
+ * head and the tail give 125 of grows whole on a 1 GiB device, and is stitched on a roomy one. */
+TEST(a_tight_heap_stitches_from_a_head_and_a_tail_only_when_they_give_half) {
+  for (int roomy = 0; roomy < 2; roomy++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", roomy ? 4096 * MiB : 1024 * MiB)) return;
+    void *p[4], *fill, *a1, *c2;
+    layout_full(&f, p, &fill, S1); /* layout_full_after_a_drop's steps, but the drop is seen */
+    void* k = fx_alloc(&f, 200 * MiB, S1);
+    void* t = fx_alloc(&f, 500 * MiB, S1);
+    fx_free(&f, fx_alloc(&f, 4096, S1));
+    fx_free(&f, t);
+    fx_free(&f, fx_alloc(&f, 8192, S1)); /* ... here (not the fast path's cached 4 KiB),
+                                             with 950 MiB reserved: 93% of 1 GiB */
+    CHECK_OK(stash_heap_empty_cache(f.heap));
+    head_and_tail_after_layout(&f, p, &a1, &c2);
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    void* x = fx_alloc(&f, 300 * MiB, S1);
+    CHECK_EQ(find(&f, x).in_stitched, roomy);
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before,
+             (roomy ? 176 : 300) * (int64_t)MiB);
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, x);
+    fx_free(&f, k);
+    head_and_tail_free(&f, p, fill, a1, c2);
+    fx_close(&f);
+  }
+}
+
 /* A request of 64-128 MiB that fits nowhere takes the larger requests' rule - a head, a tail
  * and new memory - between the first drop of live bytes and a repeating turn (the second
  * step's peak); before the drop only free memory that covers all of it is stitched. Here the
@@ -2426,6 +2456,7 @@ int main(void) {
   RUN(a_request_the_holes_give_less_than_half_of_grows_the_arena);
   RUN(a_request_the_holes_give_half_of_less_a_page_grows_before_the_first_drop);
   RUN(a_request_the_holes_give_a_tenth_of_less_a_page_is_stitched_after_the_first_drop);
+  RUN(a_tight_heap_stitches_from_a_head_and_a_tail_only_when_they_give_half);
   RUN(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop);
   RUN(a_request_of_48_to_64_MiB_takes_whole_allocations_and_new_memory_after_the_first_drop);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
