@@ -81,10 +81,12 @@
  * whole allocation of the arena's free end larger than what the head and the holes leave
  * missing, when it covers that: no new memory then (a whole allocation is otherwise taken
  * only where it fits the count, and one larger than what is missing would lie free beside
- * new memory made for the same range). A range for a request under 64 MiB has no head and no
- * tail in a hole: its edges would be a few MiB beside blocks of a few MiB, which take them
- * in the next turn, and a range remade turn after turn is a driver call in the steady state
- * (Swin-T b24's 55.5 MiB: 10 in its second half). The range's memory in
+ * new memory made for the same range). A range for a request under 64 MiB has a head or a
+ * tail in a hole only of 8 MiB or more: smaller edges would be a few MiB beside blocks of a
+ * few MiB, which take them in the next turn, and a range remade turn after turn is a driver
+ * call in the steady state (Swin-T b24's 55.5 MiB: 10 in its second half with none; with
+ * edges of 6 MiB T5-base b5 calls 6 times there; docs/policy-stash.md, "Twenty-eighth
+ * session"). The range's memory in
  * use is lent to it: while the stitched block lives, it is carved out of its arenas as
  * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
  * Small requests keep off the pages that a range maps - the small arena's, and the large
@@ -232,7 +234,8 @@ static long long knob(const char* name, long long value) {
  * first drop, or tight) or 1/kStitchHoleShare less a page (after it); smaller ones from
  * kStitchCoverMin too between the first drop and a repeating turn, and otherwise only when
  * whole free allocations cover them (no new memory).
- * A range for a request under kStitchEdgeMin has no head, nor a tail in a hole.
+ * A range for a request under kStitchEdgeMin has a head or a tail in a hole only of
+ * kStitchSmallEdge or more (under pressure, any).
  * New memory for a stitched range: one allocation of at most kStitchPiece, or of
  * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
  * allocation, and a head or tail gives at least that. */
@@ -240,6 +243,7 @@ static long long knob(const char* name, long long value) {
 #define kStitchHoleShare KNOB_I(kStitchHoleShare, 10)
 #define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)48 << 20)
 #define kStitchEdgeMin KNOB_Z(kStitchEdgeMin, (size_t)64 << 20)
+#define kStitchSmallEdge KNOB_Z(kStitchSmallEdge, (size_t)8 << 20)
 #define kStitchPiece KNOB_Z(kStitchPiece, (size_t)1 << 30)
 #define kStitchPieces KNOB_I(kStitchPieces, 64)
 #define kStitchMinRun KNOB_Z(kStitchMinRun, (size_t)2 << 20)
@@ -1566,14 +1570,15 @@ typedef struct sb_edge_s {
   size_t bytes;  /* its free part */
 } sb_edge;
 
-/* The edge allocation with the largest free part (at least kStitchMinRun) among the large
+/* The edge allocation with the largest free part (at least `least` bytes) among the large
  * arena's free blocks usable by stream slot `slot`: a head (start) or a tail (end), not
  * allocation `other`. */
-static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t other) {
+static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t other,
+                           size_t least) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge best = {false, 0, 0};
   for (sb_block* b = a->first; b; b = b->next) {
-    if (b->kind != K_FREE || !tag_ok(b, slot) || b->size < kStitchMinRun) continue;
+    if (b->kind != K_FREE || !tag_ok(b, slot) || b->size < least) continue;
     uint64_t end = b->ptr + b->size;
     size_t i = handle_after(a, (size_t)((head ? b->ptr : end - 1) - a->base) / G);
     if (i >= a->nhandles || i == other) continue;
@@ -1581,15 +1586,19 @@ static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t oth
     size_t bytes = 0;
     if (head && hs < b->ptr && he <= end) bytes = (size_t)(he - b->ptr);
     if (!head && hs >= b->ptr && he > end) bytes = (size_t)(end - hs);
-    if (bytes >= kStitchMinRun && bytes > best.bytes) best = (sb_edge){true, i, bytes};
+    if (bytes >= least && bytes > best.bytes) best = (sb_edge){true, i, bytes};
   }
   return best;
 }
 
-/* The largest head of the large arena and the largest tail in another allocation. */
-static void stitch_edges(stash_heap_t* h, uint32_t slot, sb_edge* hd, sb_edge* tl) {
-  *hd = stitch_edge(h, slot, true, SIZE_MAX);
-  *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX);
+/* The largest head of the large arena and the largest tail in another allocation, of at
+ * least kStitchMinRun each - or, for a request under kStitchEdgeMin not pressed, of at least
+ * kStitchSmallEdge. */
+static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool pressed, sb_edge* hd,
+                         sb_edge* tl) {
+  size_t least = size < kStitchEdgeMin && !pressed ? kStitchSmallEdge : kStitchMinRun;
+  *hd = stitch_edge(h, slot, true, SIZE_MAX, least);
+  *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX, least);
 }
 
 /* For a new range that would otherwise take new memory after a head of head_b bytes: the
@@ -1675,16 +1684,15 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   /* A new range: whole free allocations from the holes, then from the arena's free end, then
    * new ones. When it would take new memory, it may start with the free end of a partly free
    * allocation (a head) and end in the free start of another (a tail), to take less: the
-   * block runs from the head's free part to within the tail's (from kStitchEdgeMin on). */
+   * block runs from the head's free part to within the tail's (stitch_edges: how large). */
   size_t need = (size + G - 1) / G;
   uint32_t* homes = malloc(need * sizeof *homes);
   if (!homes) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   size_t got = stitch_from_free(h, slot, need, homes);
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
-  /* looked for, or none wanted (a small range; under pressure every range may have them) */
-  bool edges_known = size < kStitchEdgeMin && !pressed;
+  bool edges_known = false; /* looked for */
   if (!cover_only && !pressed && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
-    if (!edges_known) stitch_edges(h, slot, &hd, &tl);
+    if (!edges_known) stitch_edges(h, slot, size, pressed, &hd, &tl);
     edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
     /* in the first forward pass, less than half: grow instead (every byte grown there is
@@ -1709,7 +1717,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     *out = NULL;
     return STASH_OK;
   } else {
-    if (!edges_known) stitch_edges(h, slot, &hd, &tl);
+    if (!edges_known) stitch_edges(h, slot, size, pressed, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);

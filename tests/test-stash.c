@@ -1594,38 +1594,43 @@ TEST(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop) {
   fx_close(&f);
 }
 
-/* A request of 48-64 MiB takes the same rule in the same window, but its range has no head or
- * tail: whole free allocations and new memory only. A range that small ends in partly free
- * allocations whose other parts hold blocks of a few MiB, which take its edges in the next
- * turn; remade turn after turn, it was a driver call in the steady state (fifteenth/swin_t_b24:
- * 10 in its second half, unseen/efficientnet_b4_b32: 4, final/t5_base_b4: 21). Here, after the
- * drop, C's free 40 MiB end could start a 56 MiB range with B's whole 30 MiB and no new
- * memory; the range takes B and 26 MiB of new memory instead. Before the drop, only whole free
- * allocations that cover it are stitched (a_mid_sized_request_is_stitched_only_from_free_memory). */
-TEST(a_request_of_48_to_64_MiB_takes_whole_allocations_and_new_memory_after_the_first_drop) {
-  fixture_t f;
-  if (!fx_open(&f, "policy:stash", 0)) return;
-  void *p[4], *fill;
-  void* k = layout_full_after_a_drop(&f, p, &fill);
-  fx_free(&f, p[2]);
-  void* c1 = fx_alloc(&f, 60 * MiB, S1); /* C's first 60: its last 40 free, a head */
-  CHECK_EQ(U(c1), U(p[2]));
-  fx_free(&f, p[1]); /* B: a whole free allocation of 30 MiB */
-  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
-  void* x = fx_alloc(&f, 56 * MiB, S1); /* fits nowhere: 40 and 30 free */
-  CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 26 * (int64_t)MiB);
-  CHECK(phys_overlap(&f, x, 56 * MiB, p[1], 30 * MiB));
-  CHECK(!phys_overlap(&f, x, 56 * MiB, c1, 100 * MiB)); /* C's allocation: not mapped */
-  CHECK(!phys_overlap(&f, x, 56 * MiB, k, 200 * MiB));
-  CHECK_OK(stash_heap_check(f.heap));
-  fx_free(&f, x);
-  fx_free(&f, c1);
-  fx_free(&f, k);
-  fx_free(&f, fill);
-  fx_free(&f, p[0]);
-  fx_free(&f, p[3]);
-  fx_close(&f);
+/* A request of 48-64 MiB takes the same rule in the same window, but its range has a head or a
+ * tail only of 8 MiB or more. A range that small ending in a partly free allocation whose
+ * other part holds blocks of a few MiB has its edge taken by them in the next turn; remade
+ * turn after turn, it was a driver call in the steady state (with no edges at all before the
+ * twenty-eighth session; with edges of 6 MiB sixteenth/t5_base_b5 calls 6 times in its second
+ * half). Here, after the drop, C's first 94 MiB live: its free 6 MiB end is no head, and the
+ * range takes B's whole 30 MiB and 26 MiB of new memory; with C's first 60 live its free 40
+ * MiB are a head, and the range takes them and 16 MiB of new memory. Before the drop, only
+ * whole free allocations that cover it are stitched (a_mid_sized_request_is_stitched_only_from_free_memory). */
+TEST(a_request_of_48_to_64_MiB_takes_a_head_of_8_MiB_or_more_after_the_first_drop) {
+  for (int big_head = 0; big_head < 2; big_head++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", 0)) return;
+    void *p[4], *fill;
+    void* k = layout_full_after_a_drop(&f, p, &fill);
+    fx_free(&f, p[2]);
+    void* c1 = fx_alloc(&f, (big_head ? 60 : 94) * MiB, S1); /* C's start: its end free */
+    CHECK_EQ(U(c1), U(p[2]));
+    fx_free(&f, p[1]); /* B: a whole free allocation of 30 MiB */
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    void* x = fx_alloc(&f, 56 * MiB, S1); /* fits nowhere */
+    CHECK(find(&f, x).in_stitched);
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before,
+             (big_head ? 16 : 26) * (int64_t)MiB);
+    CHECK_EQ(phys_overlap(&f, x, 56 * MiB, p[1], 30 * MiB), !big_head);
+    CHECK_EQ(phys_overlap(&f, x, 56 * MiB, p[2], 100 * MiB), big_head); /* C's allocation */
+    CHECK(!phys_overlap(&f, x, 56 * MiB, c1, (big_head ? 60 : 94) * MiB));
+    CHECK(!phys_overlap(&f, x, 56 * MiB, k, 200 * MiB));
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, x);
+    fx_free(&f, c1);
+    fx_free(&f, k);
+    fx_free(&f, fill);
+    fx_free(&f, p[0]);
+    fx_free(&f, p[3]);
+    fx_close(&f);
+  }
 }
 
 TEST(stitching_respects_streams) {
@@ -2458,7 +2463,7 @@ int main(void) {
   RUN(a_request_the_holes_give_a_tenth_of_less_a_page_is_stitched_after_the_first_drop);
   RUN(a_tight_heap_stitches_from_a_head_and_a_tail_only_when_they_give_half);
   RUN(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop);
-  RUN(a_request_of_48_to_64_MiB_takes_whole_allocations_and_new_memory_after_the_first_drop);
+  RUN(a_request_of_48_to_64_MiB_takes_a_head_of_8_MiB_or_more_after_the_first_drop);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
   RUN(turn_replay_gives_a_stitched_block_its_counterparts_range);
   RUN(a_small_request_takes_the_large_arenas_free_memory_before_the_small_arena_grows);
