@@ -82,11 +82,12 @@
  * missing, when it covers that: no new memory then (a whole allocation is otherwise taken
  * only where it fits the count, and one larger than what is missing would lie free beside
  * new memory made for the same range). A range for a request under 64 MiB has a head or a
- * tail in a hole only of 8 MiB or more: smaller edges would be a few MiB beside blocks of a
- * few MiB, which take them in the next turn, and a range remade turn after turn is a driver
- * call in the steady state (Swin-T b24's 55.5 MiB: 10 in its second half with none; with
- * edges of 6 MiB T5-base b5 calls 6 times there; docs/policy-stash.md, "Twenty-eighth
- * session"). The range's memory in
+ * tail in a hole only of 8 MiB or more, and none while a free cached range would hold the
+ * request but is not free as it was: smaller edges would be a few MiB beside blocks of a few
+ * MiB, which take them in the next turn, and a range remade turn after turn is a driver call
+ * in the steady state (with edges of 6 MiB T5-base b5 calls 6 times in its second half;
+ * Swin-T b24, whose 55.5 MiB range loses its head to the next step's blocks, 14 times with a
+ * new range every step; docs/policy-stash.md, "Twenty-eighth session"). The range's memory in
  * use is lent to it: while the stitched block lives, it is carved out of its arenas as
  * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
  * Small requests keep off the pages that a range maps - the small arena's, and the large
@@ -235,7 +236,8 @@ static long long knob(const char* name, long long value) {
  * kStitchCoverMin too between the first drop and a repeating turn, and otherwise only when
  * whole free allocations cover them (no new memory).
  * A range for a request under kStitchEdgeMin has a head or a tail in a hole only of
- * kStitchSmallEdge or more (under pressure, any).
+ * kStitchSmallEdge or more, and none while a free cached range would hold the request (under
+ * pressure, any).
  * New memory for a stitched range: one allocation of at most kStitchPiece, or of
  * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
  * allocation, and a head or tail gives at least that. */
@@ -1593,10 +1595,12 @@ static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t oth
 
 /* The largest head of the large arena and the largest tail in another allocation, of at
  * least kStitchMinRun each - or, for a request under kStitchEdgeMin not pressed, of at least
- * kStitchSmallEdge. */
-static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool pressed, sb_edge* hd,
-                         sb_edge* tl) {
-  size_t least = size < kStitchEdgeMin && !pressed ? kStitchSmallEdge : kStitchMinRun;
+ * kStitchSmallEdge, and none if `cached` (a free range that would hold it exists). */
+static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool pressed, bool cached,
+                         sb_edge* hd, sb_edge* tl) {
+  size_t least = size >= kStitchEdgeMin || pressed ? kStitchMinRun
+                 : cached                          ? SIZE_MAX
+                                                   : kStitchSmallEdge;
   *hd = stitch_edge(h, slot, true, SIZE_MAX, least);
   *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX, least);
 }
@@ -1655,8 +1659,10 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[1];
   sb_stitch* best = NULL;
+  bool cached = false; /* a free range that would hold it, but not free as it was */
   for (sb_stitch* st = s->stitches; st; st = st->next_st) {
     if (!range_holds(h, st, size)) continue;
+    cached = true;
     if (best && st->lent_end - st->offset >= best->lent_end - best->offset) continue;
     if (stitch_available(h, st, slot)) best = st;
   }
@@ -1692,7 +1698,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
   bool edges_known = false; /* looked for */
   if (!cover_only && !pressed && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
-    if (!edges_known) stitch_edges(h, slot, size, pressed, &hd, &tl);
+    if (!edges_known) stitch_edges(h, slot, size, pressed, cached, &hd, &tl);
     edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
     /* in the first forward pass, less than half: grow instead (every byte grown there is
@@ -1717,7 +1723,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     *out = NULL;
     return STASH_OK;
   } else {
-    if (!edges_known) stitch_edges(h, slot, size, pressed, &hd, &tl);
+    if (!edges_known) stitch_edges(h, slot, size, pressed, cached, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);

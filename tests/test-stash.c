@@ -1576,6 +1576,47 @@ TEST(a_tight_heap_stitches_from_a_head_and_a_tail_only_when_they_give_half) {
   }
 }
 
+/* ... but not while a free cached range would hold it and is not free as it was: a range for
+ * the same tensor remade step after step, because blocks of the next step take its head, is a
+ * driver call in the steady state (fifteenth/swin_t_b24: 14 in its second half with heads for
+ * every 48-64 MiB range, none without them; docs/policy-stash.md, "Twenty-eighth session").
+ * Here a 56 MiB range takes C's free 40 MiB end as its head; freed, and its head taken by a
+ * 40 MiB block, the next 56 MiB request leaves A's free 10 MiB end be and grows the arena. */
+TEST(a_request_of_48_to_64_MiB_takes_no_head_while_a_cached_range_would_hold_it) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void *p[4], *fill;
+  void* k = layout_full_after_a_drop(&f, p, &fill);
+  fx_free(&f, p[2]);
+  void* c1 = fx_alloc(&f, 60 * MiB, S1); /* C's start: its last 40 free */
+  CHECK_EQ(U(c1), U(p[2]));
+  fx_free(&f, p[0]);
+  void* a0 = fx_alloc(&f, 90 * MiB, S1); /* A's start: its last 10 free */
+  CHECK_EQ(U(a0), U(p[0]));
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, 56 * MiB, S1); /* C's 40 as its head, and 16 new */
+  CHECK(find(&f, x).in_stitched);
+  CHECK(phys_overlap(&f, x, 56 * MiB, p[2], 100 * MiB));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 16 * (int64_t)MiB);
+  fx_free(&f, x);
+  void* c2 = fx_alloc(&f, 40 * MiB, S1); /* the range's head taken */
+  CHECK_EQ(U(c2), U(p[2]) + 60 * MiB);
+  before = STAT(&f, reserved_bytes, LARGE, current);
+  void* y = fx_alloc(&f, 56 * MiB, S1);
+  CHECK(!phys_overlap(&f, y, 56 * MiB, p[0], 100 * MiB)); /* not A's free end */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 40 * (int64_t)MiB);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, y);
+  fx_free(&f, c2);
+  fx_free(&f, a0);
+  fx_free(&f, c1);
+  fx_free(&f, k);
+  fx_free(&f, fill);
+  fx_free(&f, p[1]);
+  fx_free(&f, p[3]);
+  fx_close(&f);
+}
+
 /* A request of 64-128 MiB that fits nowhere takes the larger requests' rule - a head, a tail
  * and new memory - between the first drop of live bytes and a repeating turn (the second
  * step's peak); before the drop only free memory that covers all of it is stitched. Here the
@@ -2464,6 +2505,7 @@ int main(void) {
   RUN(a_tight_heap_stitches_from_a_head_and_a_tail_only_when_they_give_half);
   RUN(a_mid_sized_request_takes_new_memory_in_a_range_after_the_first_drop);
   RUN(a_request_of_48_to_64_MiB_takes_a_head_of_8_MiB_or_more_after_the_first_drop);
+  RUN(a_request_of_48_to_64_MiB_takes_no_head_while_a_cached_range_would_hold_it);
   RUN(turn_replay_falls_back_clear_of_what_the_turn_will_want);
   RUN(turn_replay_gives_a_stitched_block_its_counterparts_range);
   RUN(a_small_request_takes_the_large_arenas_free_memory_before_the_small_arena_grows);
