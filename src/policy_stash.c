@@ -1598,9 +1598,10 @@ static sb_edge stitch_edge(stash_heap_t* h, uint32_t slot, bool head, size_t oth
  * kStitchSmallEdge, and none if `cached` (a free range that would hold it exists). */
 static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool pressed, bool cached,
                          sb_edge* hd, sb_edge* tl) {
-  size_t least = size >= kStitchEdgeMin || pressed ? kStitchMinRun
-                 : cached                          ? SIZE_MAX
-                                                   : kStitchSmallEdge;
+  *hd = *tl = (sb_edge){false, 0, 0};
+  bool small = size < kStitchEdgeMin && !pressed;
+  if (small && cached) return;
+  size_t least = small ? kStitchSmallEdge : kStitchMinRun;
   *hd = stitch_edge(h, slot, true, SIZE_MAX, least);
   *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX, least);
 }
@@ -1698,7 +1699,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   sb_edge hd = {false, 0, 0}, tl = {false, 0, 0}; /* the best head, and a tail elsewhere */
   bool edges_known = false; /* looked for */
   if (!cover_only && !pressed && got < (need + kStitchHoleShare - 1) / kStitchHoleShare) {
-    if (!edges_known) stitch_edges(h, slot, size, pressed, cached, &hd, &tl);
+    stitch_edges(h, slot, size, pressed, cached, &hd, &tl);
     edges_known = true;
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
     /* in the first forward pass, less than half: grow instead (every byte grown there is
