@@ -29,8 +29,9 @@
  * beside it, and a small arena whose layout drifts in a training loop makes no growth in
  * the steady state. Each physical allocation costs one cuMemSetAccess piece (~19 us:
  * docs/driver-costs.md), so the large arena grows in allocations of up to 192 MiB (1/10 of a
- * request above 1.875 GiB; one allocation for a request of up to 240 MiB whose size was among
- * the last 64 large requests - a layer's tensor of 204 MiB in one piece, not 192 and 12), and,
+ * request above 1.875 GiB, 1/5 of one of 3.5 GiB or more; one allocation for a request of up
+ * to 768 MiB whose size was among the last 64 large requests - a layer's tensor of 204 or 288
+ * MiB in one piece, not 192 and 12 or 96), and,
  * until live bytes first fall to half their peak (the first forward pass), a growth that comes
  * within 20 allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
  * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
@@ -203,7 +204,9 @@ static long long knob(const char* name, long long value) {
 /* The large arena grows by at least kLargeGrowBytes, in physical allocations of at most
  * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
  * wholly free, for stitching), or of 1/kLargePieces of a request over kLargePieces times
- * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB - but a
+ * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB - and
+ * of 1/kHugePieces of a request of kHugeFrom (3.5 GiB) or more, whose access call costs
+ * mostly by the MiB by then - but a
  * request of at most kOnePiecePct percent of kLargePieceMax whose size was among the last
  * kRecentSizes large requests (a layer's tensor, seen before) grows in one piece, not as
  * 192 MiB and a runt. A growth kBurstAllocs or fewer allocations after the last doubles the
@@ -218,7 +221,9 @@ static long long knob(const char* name, long long value) {
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
 #define kScatterTimes KNOB_Z(kScatterTimes, (size_t)2)
-#define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)125)
+#define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)400)
+#define kHugeFrom KNOB_Z(kHugeFrom, (size_t)7 << 29)
+#define kHugePieces KNOB_I(kHugePieces, 5)
 #define kRecentSizes 64
 /* A heap holding kTightPct percent of what it may hold at the first drop, or at a large
  * request after it, turns tight: large physical allocations of at most kTightPiece from then
@@ -1907,10 +1912,16 @@ static bool mid_sized_may_grow_a_range(sb_state* s, size_t size) {
 
 /* The largest physical allocation the large arena grows in for a request of `size`: a
  * repeated size of at most kOnePiecePct percent of kLargePieceMax in one piece (GPT-2 b17's
- * 204 MiB activations: one cuMemSetAccess piece, not 192 MiB and 12), else piece_bytes'. Only
- * a size seen among the last kRecentSizes large requests: a one-off tensor just over the cap
- * (GPT-2 b1's 196 MiB logits) keeps its 192 MiB piece, which a stitched range can take once
- * the tensor is freed. */
+ * 204 MiB activations: one cuMemSetAccess piece, not 192 MiB and 12; b24's 288 MiB attention
+ * scores, 48 of them in its first forward pass, not 192 and 96) - up to 768 MiB: with its
+ * 785 MiB logits in one piece the other loop's GPT-2 b4 peaks 583 MB higher, and with 1177
+ * MiB ones GPT-2 b6, b7 and two OPT runs lose their memory target (docs/policy-stash.md,
+ * "Twenty-ninth session") - else a fifth of a request of kHugeFrom or more (GPT-2
+ * b19's 3730 MiB logits: 5 pieces, not 10, that is 5 cuMemCreate and 5 access pieces fewer,
+ * ~160 us a growth; at 3141 MiB, GPT-2 b16, pieces that large leave the next step's range
+ * half the whole allocations it took), else piece_bytes'. Only a size seen among the last
+ * kRecentSizes large requests: a one-off tensor just over the cap (GPT-2 b1's 196 MiB logits)
+ * keeps its 192 MiB piece, which a stitched range can take once the tensor is freed. */
 static size_t large_piece(stash_heap_t* h, size_t size) {
   const sb_state* s = S(h);
   if (size > kLargePieceMax && size * 100 <= kLargePieceMax * kOnePiecePct) {
@@ -1918,6 +1929,7 @@ static size_t large_piece(stash_heap_t* h, size_t size) {
     for (uint64_t k = 0; k < n; k++)
       if (s->recent[k] == size) return round_up(size, G);
   }
+  if (size >= kHugeFrom) return piece_bytes(size, kLargePieceMax, kHugePieces, G);
   return piece_bytes(size, kLargePieceMax, kLargePieces, G);
 }
 

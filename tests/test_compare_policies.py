@@ -5,7 +5,7 @@ session's, and physical allocations of up to 256 MiB: kLargeGrowBytes = 20 MiB, 
 192 MiB, kLargePieceMax = 256 MiB, replayed by an experiment build the tool makes). Today's
 peaks are the scoreboard's. With the coarser constants, reserved is higher on
 bert_varlen_train (by 98 MiB: 97.56% utilization, so it loses its targets) and resnet50_train
-(8 MiB), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB), at 0.73x the
+(8 MiB), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB), at 0.70x the
 modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
 "Eleventh session"). --families gives the README's table by family for each setting. Bad
 settings and sets end with an error; so does a constant the
@@ -49,7 +49,7 @@ def main():
         check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (1, 1, 2))
         check("largest rise", c["peak_delta_max"], 98 * MiB)
         check("largest fall", c["peak_delta_min"], -6 * MiB)
-        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.73)
+        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.70)
         check("flips", c["flips"], [{"trace": "bert_varlen_train.csv.gz", "now": False}])
         check("passing under either", len(out["passing_under_any"]), 4)
         t = b["per_trace"]["bert_varlen_train.csv.gz"]  # the trace the old constants fail
