@@ -173,8 +173,9 @@ def family(name):
 def family_table(per_trace):
     """The README's table "by family": per family, how many traces meet all three targets, and
     where the others fail (a trace can fail more than one target)."""
-    def span(xs, fmt):
-        return fmt % min(xs) if len(xs) == 1 else (fmt + "-" + fmt) % (min(xs), max(xs))
+    def span(xs, fmt):  # one figure when the extremes print alike ("by 10%", not "10-10%")
+        lo, hi = fmt % min(xs), fmt % max(xs)
+        return lo if lo == hi else lo + "-" + hi
     rows = ["| family | all three targets | where the others fail |", "|---|---:|---|"]
     total = [0, 0]
     for fam in FAMILY_ORDER:
