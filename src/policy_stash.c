@@ -237,9 +237,13 @@ static long long knob(const char* name, long long value) {
 #define kFirstFitTries KNOB_I(kFirstFitTries, 256)
 /* Requests of kStitchMin or more may be stitched when holes give at least 1/kStitchHoleShare
  * of them in whole allocations, or with the best head and tail at least half (before the
- * first drop, or tight) or 1/kStitchHoleShare less a page (after it); smaller ones from
- * kStitchCoverMin too between the first drop and a repeating turn, and otherwise only when
- * whole free allocations cover them (no new memory).
+ * first drop, or tight) or 1/kStitchEdgeShare less a page (after it) - but while live bytes
+ * are at their peak so far before the first drop (a first pass climbing), kClimbPct percent:
+ * the free memory a climb leaves beside its live blocks is what its next requests take, so a
+ * range there saves nothing at the peak and costs its pieces' access calls (docs/policy-
+ * stash.md, "Thirtieth session"); smaller ones from kStitchCoverMin too between the first
+ * drop and a repeating turn, and otherwise only when whole free allocations cover them (no
+ * new memory).
  * A range for a request under kStitchEdgeMin has a head or a tail in a hole only of
  * kStitchSmallEdge or more, and none while a free cached range would hold the request (under
  * pressure, any).
@@ -247,7 +251,9 @@ static long long knob(const char* name, long long value) {
  * 1/kStitchPieces of a request above 64 GiB. Holes smaller than kStitchMinRun hold no whole
  * allocation, and a head or tail gives at least that. */
 #define kStitchMin KNOB_Z(kStitchMin, (size_t)128 << 20)
+#define kClimbPct KNOB_Z(kClimbPct, (size_t)75)
 #define kStitchHoleShare KNOB_I(kStitchHoleShare, 10)
+#define kStitchEdgeShare KNOB_I(kStitchEdgeShare, 20)
 #define kStitchCoverMin KNOB_Z(kStitchCoverMin, (size_t)48 << 20)
 #define kStitchEdgeMin KNOB_Z(kStitchEdgeMin, (size_t)64 << 20)
 #define kStitchSmallEdge KNOB_Z(kStitchSmallEdge, (size_t)8 << 20)
@@ -1640,6 +1646,13 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
   return (sb_edge){true, best, size - head_b - holes};
 }
 
+/* Whether live bytes are at their peak so far (within a thousandth of it): nothing much has
+ * been freed since they last rose, as in a first forward pass climbing to its peak. */
+static bool climbing(const stash_heap_t* h) {
+  const sb_state* s = (const sb_state*)h->policy_state;
+  return h->stats.allocated_bytes[STASH_STAT_ALL].current * 1000 >= s->live_peak * 999;
+}
+
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
  * free, else a new one if the holes give enough of it (`cover_only`: if whole free allocations
  * cover all of it, with no new memory; `pressed`: whatever share they give); else *out = NULL:
@@ -1709,11 +1722,13 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     size_t edges = (hd.found && hd.bytes < size ? hd.bytes : 0) + (tl.found ? tl.bytes : 0);
     /* in the first forward pass, less than half: grow instead (every byte grown there is
      * needed at the peak the pass climbs to; a range would only add its pieces' access calls);
-     * once live bytes have first fallen to half their peak, less than the share whole
-     * allocations need alone, less a page - but half still in a tight heap, which needs a
-     * smaller device so (docs/policy-stash.md, "Twenty-eighth session") */
-    size_t share = s->dropped && !s->tight ? (size_t)kStitchHoleShare : 2;
-    if (share * (got * G + edges + (s->dropped ? G : 0)) < size) {
+     * once live bytes have first fallen to half their peak, less than a twentieth, less a
+     * page (docs/policy-stash.md, "Twenty-eighth session" and "Thirtieth session") - but half
+     * still in a tight heap, which needs a smaller device so; and three quarters (kClimbPct)
+     * while a first pass climbs */
+    size_t share = s->dropped && !s->tight ? (size_t)kStitchEdgeShare : 2;
+    if (share * (got * G + edges + (s->dropped ? G : 0)) < size ||
+        (!s->dropped && !s->tight && climbing(h) && (got * G + edges) * 100 < size * kClimbPct)) {
       free(homes);
       *out = NULL;
       return STASH_OK;
