@@ -5,8 +5,9 @@ session's, and physical allocations of up to 256 MiB: kLargeGrowBytes = 20 MiB, 
 192 MiB, kLargePieceMax = 256 MiB, replayed by an experiment build the tool makes). Today's
 peaks are the scoreboard's. With the coarser constants, reserved is higher on
 bert_varlen_train (by 98 MiB: 97.56% utilization, so it loses its targets) and resnet50_train
-(8 MiB), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB), at 0.70x the
-modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
+(44 MiB: 12.6 MB over expandable segments', so it loses them too; 8 MiB before the thirtieth
+session's first-pass rule), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB),
+at 0.69x the modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
 "Eleventh session"). --families gives the README's table by family for each setting. Bad
 settings and sets end with an error; so does a constant the
 experiment build is given directly that is not a positive integer (it aborts, naming it).
@@ -21,7 +22,7 @@ import sys
 MiB = 1 << 20
 TODAY = {"resnet50_train.csv.gz": 6083837952, "gpt2_train.csv.gz": 13744734208,
          "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13738442752}
-OLD = {"resnet50_train.csv.gz": 6092226560, "gpt2_train.csv.gz": 13744734208,
+OLD = {"resnet50_train.csv.gz": 6129975296, "gpt2_train.csv.gz": 13744734208,
        "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13732151296}
 
 
@@ -44,13 +45,14 @@ def main():
         check("today's peaks", a["peaks"], TODAY)
         check("the old constants' peaks", b["peaks"], OLD)
         check("all three targets, today", a["all_three"], 4)
-        check("all three targets, old constants", b["all_three"], 3)
+        check("all three targets, old constants", b["all_three"], 2)
         c = b["against_first"]
         check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (1, 1, 2))
         check("largest rise", c["peak_delta_max"], 98 * MiB)
         check("largest fall", c["peak_delta_min"], -6 * MiB)
-        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.70)
-        check("flips", c["flips"], [{"trace": "bert_varlen_train.csv.gz", "now": False}])
+        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.69)
+        check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False},
+                                   {"trace": "bert_varlen_train.csv.gz", "now": False}])
         check("passing under either", len(out["passing_under_any"]), 4)
         t = b["per_trace"]["bert_varlen_train.csv.gz"]  # the trace the old constants fail
         check("per trace: peaks", {k: v["peak"] for k, v in b["per_trace"].items()}, OLD)
@@ -59,16 +61,20 @@ def main():
         check("per trace: under the anchor", t["over_anchor"] < 0, True)
         check("per trace: utilization", 0.97 < t["utilization"] < 0.98, True)
         check("per trace: driver times", 0 < t["driver_us"] < t["pytorch_driver_us"], True)
-        # the README's table by family: each shared trace in its family, and the one the old
-        # constants fail counted under BERT with its utilization
+        # the README's table by family: each shared trace in its family, and the two the old
+        # constants fail counted under their families, with their utilization and excess
         head = "| family | all three targets | where the others fail |\n|---|---:|---|\n"
         check("families, today", a["families"], head +
               "| torchvision CNNs and Swin | 1 of 1 |  |\n| GPT-2 | 2 of 2 |  |\n"
               "| BERT / RoBERTa | 1 of 1 |  |\n| **all** | **4 of 4** | |")
+        r = b["per_trace"]["resnet50_train.csv.gz"]
+        check("per trace: resnet50_train over its anchor, old constants",
+              (r["all_three"], r["over_anchor"] > 0), (False, True))
         check("families, old constants", b["families"], head +
-              "| torchvision CNNs and Swin | 1 of 1 |  |\n| GPT-2 | 2 of 2 |  |\n"
-              "| BERT / RoBERTa | 0 of 1 | 1 under 98%% (%.2f%%) |\n| **all** | **3 of 4** | |"
-              % (100 * t["utilization"]))
+              "| torchvision CNNs and Swin | 0 of 1 | 1 over an anchor (by %.1f MB) |\n"
+              "| GPT-2 | 2 of 2 |  |\n"
+              "| BERT / RoBERTa | 0 of 1 | 1 under 98%% (%.2f%%) |\n| **all** | **2 of 4** | |"
+              % (r["over_anchor"] / 1e6, 100 * t["utilization"]))
         check("per trace: second-half calls, gpt2_train today",
               a["per_trace"]["gpt2_train.csv.gz"]["second_half_calls"], 0)
     for bad, message in ((["defaults", "kSmallGrowBytes"], "bad setting"),
