@@ -3,8 +3,9 @@
 On a device each trace's own peak reserved fills to 98%, every one of the four turns tight
 (its live bytes first fall to half their peak with 90% of the device held): modelled driver
 time moves on all four, 3.24x in the median against the rules never turning tight
-(kTightPct=1000; 3.30x before the thirtieth session's stitching rules), and one of them then calls the driver in its second half, 596 times
-(before the twenty-seventh session's step fates two did, one 594 times, at 3.37x).
+(kTightPct=1000; 3.30x before the thirtieth session's stitching rules), and one of them then
+calls the driver in its second half, 596 times (before the twenty-seventh session's step
+fates two did, one 594 times, at 3.37x).
 At 85% none turns tight: nothing moves, and the one trace that calls late does so either way
 (18 calls: bert_varlen_train, whose longer sequences come late; 20 before the twenty-seventh
 session's step fates). No run runs out of memory.
