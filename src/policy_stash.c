@@ -1648,9 +1648,8 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
 
 /* Whether live bytes are at their peak so far (within a thousandth of it): nothing much has
  * been freed since they last rose, as in a first forward pass climbing to its peak. */
-static bool climbing(const stash_heap_t* h) {
-  const sb_state* s = (const sb_state*)h->policy_state;
-  return h->stats.allocated_bytes[STASH_STAT_ALL].current * 1000 >= s->live_peak * 999;
+static bool climbing(stash_heap_t* h) {
+  return h->stats.allocated_bytes[STASH_STAT_ALL].current * 1000 >= S(h)->live_peak * 999;
 }
 
 /* A stitched block for `size` bytes: a free stitched range of a similar size whose pages are
@@ -1728,7 +1727,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
      * while a first pass climbs */
     size_t share = s->dropped && !s->tight ? (size_t)kStitchEdgeShare : 2;
     if (share * (got * G + edges + (s->dropped ? G : 0)) < size ||
-        (!s->dropped && !s->tight && climbing(h) && (got * G + edges) * 100 < size * kClimbPct)) {
+        (!s->dropped && climbing(h) && (got * G + edges) * 100 < size * kClimbPct)) {
       free(homes);
       *out = NULL;
       return STASH_OK;

@@ -5,7 +5,7 @@ session's, and physical allocations of up to 256 MiB: kLargeGrowBytes = 20 MiB, 
 192 MiB, kLargePieceMax = 256 MiB, replayed by an experiment build the tool makes). Today's
 peaks are the scoreboard's. With the coarser constants, reserved is higher on
 bert_varlen_train (by 98 MiB: 97.56% utilization, so it loses its targets) and resnet50_train
-(44 MiB: 12.6 MB over expandable segments', so it loses them too; 8 MiB before the thirtieth
+(44 MiB: 12.6 MB over expandable segments, so it loses them too; 8 MiB before the thirtieth
 session's first-pass rule), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB),
 at 0.69x the modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
 "Eleventh session"). --families gives the README's table by family for each setting. Bad
