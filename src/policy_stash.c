@@ -72,7 +72,12 @@
  * turn replay follows, where a new range is a driver call the next turn may make again (ViT-B
  * b88: 10 in its second half), only when whole free allocations - the holes', the small
  * arena's, the free end's - cover all of it, with no new memory (T5-small's 94 MiB logits
- * while the small arena holds the optimizer's idle memory); otherwise the arena grows. The
+ * while the small arena holds the optimizer's idle memory); otherwise the arena grows. A
+ * smaller large request is stitched only that way too, from whole free allocations that cover
+ * it - except while the heap is tight or pressed (below), where it grows: there, measured at
+ * the device's limit, the smallest device rose on 9 traces (by up to 74 MiB) and fell on 11
+ * (ResNet-50 b16's backward pass: 97.46% -> 98.02%; docs/policy-stash.md, "Thirty-first
+ * session"). The
  * driver maps whole physical allocations only, never a part
  * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
  * memory, it may begin with an allocation of which only the end is free (its "head": the
@@ -243,7 +248,8 @@ static long long knob(const char* name, long long value) {
  * range there saves nothing at the peak and costs its pieces' access calls (docs/policy-
  * stash.md, "Thirtieth session"); smaller ones from kStitchCoverMin too between the first
  * drop and a repeating turn, and otherwise only when whole free allocations cover them (no
- * new memory).
+ * new memory) - as any large request under kStitchCoverMin may be (docs/policy-stash.md,
+ * "Thirty-first session").
  * A range for a request under kStitchEdgeMin has a head or a tail in a hole only of
  * kStitchSmallEdge or more, and none while a free cached range would hold the request (under
  * pressure, any).
@@ -1998,11 +2004,14 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
     if (r != STASH_OK && r != STASH_ERR_OOM) return r;
     b = best_fit(a, size, slot);
   }
-  if (!b && !a->small && size >= kStitchCoverMin) {
+  if (!b && !a->small && (size >= kStitchCoverMin || (!s->tight && !pressed))) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
-    bool cover_only = size < kStitchMin && !mid_sized_may_grow_a_range(s, size) && !pressed;
+    /* under kStitchCoverMin (not tight, not pressed), only from whole free allocations that
+     * cover it: a few MiB of new memory in a range costs an access call more than growing */
+    bool cover_only = size < kStitchCoverMin ||
+                      (size < kStitchMin && !mid_sized_may_grow_a_range(s, size) && !pressed);
     stash_status_t r = stitch_alloc(h, size, slot, cover_only, pressed, &st);
     if (r != STASH_OK || !st) block_delete(s, ub);
     if (r != STASH_OK) return r;
