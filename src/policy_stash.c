@@ -77,8 +77,7 @@
  * it - except while the heap is tight or pressed (below), where it grows: there, measured at
  * the device's limit, the smallest device rose on 9 traces (by up to 74 MiB) and fell on 11
  * (ResNet-50 b16's backward pass: 97.46% -> 98.02%; docs/policy-stash.md, "Thirty-first
- * session"). The
- * driver maps whole physical allocations only, never a part
+ * session"). The driver maps whole physical allocations only, never a part
  * (tools/gpu/probe_map.txt), but a range need not use all it maps: when it would take new
  * memory, it may begin with an allocation of which only the end is free (its "head": the
  * free end of a hole that does not hold it whole) and end with one of which only the start
@@ -2004,13 +2003,16 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
     if (r != STASH_OK && r != STASH_ERR_OOM) return r;
     b = best_fit(a, size, slot);
   }
-  if (!b && !a->small && (size >= kStitchCoverMin || (!s->tight && !pressed))) {
+  /* Under kStitchCoverMin: only from whole free allocations that cover it (with new memory
+   * too, such ranges were remade turn after turn: driver calls in the steady state), and not
+   * while tight or pressed (at the device's limit it needed larger devices as often as smaller:
+   * docs/policy-stash.md, "Thirty-first session"). */
+  bool below_cover_min = size < kStitchCoverMin;
+  if (!b && !a->small && (!below_cover_min || (!s->tight && !pressed))) {
     sb_block* ub = block_new(s);
     if (!ub) return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
     sb_stitch* st = NULL;
-    /* under kStitchCoverMin (not tight, not pressed), only from whole free allocations that
-     * cover it: a few MiB of new memory in a range costs an access call more than growing */
-    bool cover_only = size < kStitchCoverMin ||
+    bool cover_only = below_cover_min ||
                       (size < kStitchMin && !mid_sized_may_grow_a_range(s, size) && !pressed);
     stash_status_t r = stitch_alloc(h, size, slot, cover_only, pressed, &st);
     if (r != STASH_OK || !st) block_delete(s, ub);

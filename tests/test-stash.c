@@ -1974,6 +1974,14 @@ static void mid_sized_setup(fixture_t* f, void* p[4], void** fill) {
   fx_free(f, *fill);
 }
 
+/* x, just allocated, was stitched with no new memory: reserved bytes and cuMemCreate calls as
+ * they were before it. */
+static void stitched_without_new_memory(fixture_t* f, void* x, int64_t reserved, uint64_t creates) {
+  CHECK(find(f, x).in_stitched);
+  CHECK_EQ(STAT(f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(stash_sim_calls(f->sim, STASH_CALL_phys_create), creates);
+}
+
 /* A request of 48-128 MiB that fits nowhere is stitched only when whole free allocations -
  * the large arena's holes and free end, the small arena's - cover all of it: no new memory
  * (before the first drop of live bytes, as here, and in a repeating turn). Otherwise the
@@ -1990,16 +1998,12 @@ TEST(a_mid_sized_request_is_stitched_only_from_free_memory) {
   uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
   /* whole free allocations: B's 30 MiB, the small arena's 30 and D's 20: 80 MiB */
   void* x = fx_alloc(&f, 80 * MiB, S1);
-  CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), before);
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
+  stitched_without_new_memory(&f, x, before, creates);
   CHECK(phys_overlap(&f, x, 80 * MiB, p[1], 30 * MiB));
   CHECK(phys_overlap(&f, x, 80 * MiB, (void*)small_base(&f), 30 * MiB));
   fx_free(&f, x);
   void* z = fx_alloc(&f, 60 * MiB, S1); /* from 48 MiB on: B and the small arena cover it */
-  CHECK(find(&f, z).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), before);
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
+  stitched_without_new_memory(&f, z, before, creates);
   CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, z);
   quiet(&f, S1);
@@ -2024,9 +2028,7 @@ TEST(a_request_under_48_MiB_is_stitched_only_when_whole_free_allocations_cover_i
   int64_t before = STAT(&f, reserved_bytes, ALL, current);
   uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
   void* w = fx_alloc(&f, 32 * MiB, S1);
-  CHECK(find(&f, w).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), before);
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
+  stitched_without_new_memory(&f, w, before, creates);
   CHECK(phys_overlap(&f, w, 32 * MiB, p[1], 30 * MiB));
   CHECK(phys_overlap(&f, w, 32 * MiB, (void*)small_base(&f), 2 * MiB));
   CHECK_OK(stash_heap_check(f.heap));
