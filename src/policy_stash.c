@@ -205,7 +205,9 @@ static long long knob(const char* name, long long value) {
  * that one, up to kSmallBurstMax. */
 #define kSmallGrowBytes KNOB_Z(kSmallGrowBytes, (size_t)2 << 20)
 #define kSmallBurstMax KNOB_Z(kSmallBurstMax, (size_t)8 << 20)
-/* The large arena grows by at least kLargeGrowBytes, in physical allocations of at most
+/* The large arena grows by at least kLargeGrowBytes - but, once live bytes have first fallen
+ * to half their peak, by just what a request of kExactGrowFrom or more lacks beyond the free
+ * end it extends - in physical allocations of at most
  * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
  * wholly free, for stitching), or of 1/kLargePieces of a request over kLargePieces times
  * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB - and
@@ -220,6 +222,7 @@ static long long knob(const char* name, long long value) {
  * kBurstMax free bytes and kScatterTimes the request's more than when the last growth was asked
  * for (the free memory is scattered: a burst's end would lie unused at the peak). */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
+#define kExactGrowFrom KNOB_Z(kExactGrowFrom, (size_t)12 << 20)
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
 #define kLargePieces KNOB_I(kLargePieces, 10)
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
@@ -836,6 +839,12 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     if (burst > cap) burst = cap;
     if (burst > step) step = burst;
   }
+  /* After the first drop the least growth stays for the small requests whose growths it
+   * spares; a large request that mostly fits the free end gets no runt past it (at the second
+   * step's peak that runt is reserved and unused: docs/policy-stash.md, "Thirty-second
+   * session") */
+  if (!a->small && !exact && s->dropped && need_pages * G + free_tail(a, slot) >= kExactGrowFrom)
+    step = 0;
   size_t pages = need_pages > step ? need_pages : step;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;
   if (a->mapped + pages * G > a->va_size) pages = need_pages; /* the step is a wish */

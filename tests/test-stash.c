@@ -1025,6 +1025,52 @@ TEST(growth_in_a_burst_takes_larger_steps) {
   fx_close(&f);
 }
 
+/* How many MiB a request grows the large arena laid out [A 200 MiB][B 100][free_mib free]:
+ * with A freed and asked for again (`drop`: live bytes first fall to a third of their peak,
+ * and A's request takes its place back) or not. */
+static int64_t growth_past_the_free_end(size_t free_mib, size_t request, bool drop) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return -1;
+  void* keep = not_loading(&f);
+  quiet(&f, S1);
+  void* a = fx_alloc(&f, 200 * MiB, S1);
+  quiet(&f, S1);
+  void* b = fx_alloc(&f, 100 * MiB, S1);
+  quiet(&f, S1);
+  fx_free(&f, fx_alloc(&f, free_mib * MiB, S1)); /* grown by exactly that, left free */
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (int64_t)(300 + free_mib) * (int64_t)MiB);
+  if (drop) {
+    uintptr_t at = U(a);
+    fx_free(&f, a);
+    a = fx_alloc(&f, 200 * MiB, S1);
+    CHECK_EQ(U(a), at);
+  }
+  quiet(&f, S1);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* r = fx_alloc(&f, request, S1);
+  int64_t grown = STAT(&f, reserved_bytes, LARGE, current) - before;
+  CHECK_EQ(U(r), U(b) + 100 * MiB); /* at the free end, extended */
+  fx_free(&f, r);
+  fx_free(&f, a);
+  fx_free(&f, b);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+  return grown / (int64_t)MiB;
+}
+
+/* Once live bytes have first fallen to half their peak, a request that extends the free end
+ * into a block of 12 MiB or more (the free end and the pages it lacks) grows the arena by just
+ * what it lacks (12 MiB with 10 free: 2 MiB), not by the 6 MiB least growth, which stays for
+ * smaller blocks (8 MiB with 6 free: 6) and before the drop. On the recorded traces the runt
+ * it leaves is unused at a later step's peak: 22 peaks 2-4 MiB lower, 2 higher
+ * (docs/policy-stash.md, "Thirty-second session"). */
+TEST(after_the_first_drop_a_request_of_12_MiB_or_more_grows_by_what_it_lacks) {
+  CHECK_EQ(growth_past_the_free_end(10, 12 * MiB, true), 2);
+  CHECK_EQ(growth_past_the_free_end(6, 8 * MiB, true), 6);
+  CHECK_EQ(growth_past_the_free_end(10, 12 * MiB, false), 6);
+}
+
 /* A forward pass: twelve 25 MiB requests one after another grow the large arena in a burst
  * (26, 52, 64, 64, 64, 64 MiB: 334 MiB, 34 of them free at the end); the last growth, at the
  * 11th request, was asked for with 20 MiB free. */
@@ -2563,6 +2609,7 @@ int main(void) {
   RUN(a_stitched_range_ends_in_a_larger_free_allocation_at_the_end);
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
+  RUN(after_the_first_drop_a_request_of_12_MiB_or_more_grows_by_what_it_lacks);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
   RUN(a_growth_amid_scattered_free_memory_is_no_burst);
   RUN(a_model_being_loaded_grows_in_bursts_up_to_the_piece_cap);
