@@ -35,7 +35,9 @@
  * until live bytes first fall to half their peak (the first forward pass), a growth that comes
  * within 20 allocations of the last one takes twice the last one's size, up to 64 MiB: fewer,
  * larger pieces while memory first climbs, the exact need afterwards (a burst's unused end
- * near the peak is reserved for nothing: at most 64 MiB of it) - unless the arena holds 64 MiB
+ * near the peak is reserved for nothing: at most 64 MiB of it; afterwards, too, the 6 MiB
+ * least growth only for blocks under 12 MiB, where it spares small requests' calls, not as a
+ * runt past a large request that mostly fits the free end) - unless the arena holds 64 MiB
  * free and twice the request more than at its last growth: memory freed that the requests
  * cannot use (scattered, not climbing), where a burst would only add to what lies unused at
  * the peak; such a growth is the exact need, and the next one doubles the last burst as if it
@@ -206,8 +208,9 @@ static long long knob(const char* name, long long value) {
 #define kSmallGrowBytes KNOB_Z(kSmallGrowBytes, (size_t)2 << 20)
 #define kSmallBurstMax KNOB_Z(kSmallBurstMax, (size_t)8 << 20)
 /* The large arena grows by at least kLargeGrowBytes - but, once live bytes have first fallen
- * to half their peak, by just what a request of kExactGrowFrom or more lacks beyond the free
- * end it extends - in physical allocations of at most
+ * to half their peak (in a heap not turned tight), by just what a request lacks when the block
+ * it grows for (the free end it extends and the new pages) is kExactGrowFrom or more - in
+ * physical allocations of at most
  * kLargePieceMax (fewer pieces cost fewer cuMemSetAccess calls; smaller ones are more often
  * wholly free, for stitching), or of 1/kLargePieces of a request over kLargePieces times
  * kLargePieceMax (1.875 GiB): a huge logits tensor in 10 pieces, not one per 192 MiB - and
@@ -841,9 +844,11 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   }
   /* After the first drop the least growth stays for the small requests whose growths it
    * spares; a large request that mostly fits the free end gets no runt past it (at the second
-   * step's peak that runt is reserved and unused: docs/policy-stash.md, "Thirty-second
-   * session") */
-  if (!a->small && !exact && s->dropped && need_pages * G + free_tail(a, slot) >= kExactGrowFrom)
+   * step's peak that runt is reserved and unused) - but not in a heap turned tight, where at
+   * the device's limit it needed larger devices as often as smaller (docs/policy-stash.md,
+   * "Thirty-second session") */
+  if (!a->small && !exact && s->dropped && !s->tight &&
+      need_pages * G + free_tail(a, slot) >= kExactGrowFrom)
     step = 0;
   size_t pages = need_pages > step ? need_pages : step;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;

@@ -1071,6 +1071,43 @@ TEST(after_the_first_drop_a_request_of_12_MiB_or_more_grows_by_what_it_lacks) {
   CHECK_EQ(growth_past_the_free_end(10, 12 * MiB, false), 6);
 }
 
+/* ... but not in a heap turned tight: here the first drop finds the device 81% full, and a
+ * 40 MiB request and a 10 MiB one freed at once bring it to 350 MiB of 384 with 10 MiB free at
+ * the end; the 12 MiB request turns it tight (92%) and grows it by 6 MiB, as before the rule
+ * (at the device's limit, exact growth there made as many smallest devices larger as smaller:
+ * docs/policy-stash.md, "Thirty-second session"). */
+TEST(a_heap_turned_tight_keeps_the_least_growth_for_large_requests) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 384 * MiB)) return;
+  void* keep = not_loading(&f);
+  quiet(&f, S1);
+  void* a = fx_alloc(&f, 200 * MiB, S1);
+  quiet(&f, S1);
+  void* b = fx_alloc(&f, 100 * MiB, S1);
+  quiet(&f, S1);
+  fx_free(&f, fx_alloc(&f, 10 * MiB, S1));
+  fx_free(&f, a);
+  a = fx_alloc(&f, 200 * MiB, S1); /* the first drop */
+  quiet(&f, S1);
+  void* c = fx_alloc(&f, 40 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 340 * (int64_t)MiB);
+  quiet(&f, S1);
+  fx_free(&f, fx_alloc(&f, 10 * MiB, S1));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 350 * (int64_t)MiB);
+  quiet(&f, S1);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* r = fx_alloc(&f, 12 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - before, 6 * (int64_t)MiB);
+  CHECK_EQ(U(r), U(c) + 40 * MiB);
+  fx_free(&f, r);
+  fx_free(&f, c);
+  fx_free(&f, a);
+  fx_free(&f, b);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 /* A forward pass: twelve 25 MiB requests one after another grow the large arena in a burst
  * (26, 52, 64, 64, 64, 64 MiB: 334 MiB, 34 of them free at the end); the last growth, at the
  * 11th request, was asked for with 20 MiB free. */
@@ -2610,6 +2647,7 @@ int main(void) {
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(after_the_first_drop_a_request_of_12_MiB_or_more_grows_by_what_it_lacks);
+  RUN(a_heap_turned_tight_keeps_the_least_growth_for_large_requests);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
   RUN(a_growth_amid_scattered_free_memory_is_no_burst);
   RUN(a_model_being_loaded_grows_in_bursts_up_to_the_piece_cap);
