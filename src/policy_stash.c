@@ -1665,6 +1665,43 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
   return (sb_edge){true, best, size - head_b - holes};
 }
 
+/* For a new range that would otherwise take new memory, or (cover_only) grow the arena: the
+ * smallest physical allocation lying wholly in a hole of the large arena (not its free end,
+ * stitch_end_tail's) that the holes' whole allocations do not take and that is larger than
+ * what they and the head of head_b bytes leave of `size` - as the range's tail, so no new
+ * memory is made. The range maps it whole and its block ends inside it; the rest stays free in
+ * the arena. The range then takes the same whole allocations of the holes (stitch_from_free
+ * takes the largest that fit the count, and the count is what they gave), never this one (it
+ * did not fit then). Taken, it spared VGG's second and third steps most of their new ranges'
+ * memory and access calls (docs/policy-stash.md, "Thirty-second session"). */
+static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b) {
+  sb_arena* a = &S(h)->arenas[1];
+  sb_edge none = {false, 0, 0};
+  size_t n = (size - head_b) / G;
+  uint32_t* taken = malloc((n ? n : 1) * sizeof *taken);
+  if (!taken) return none; /* no such tail: new memory, as before */
+  size_t got = stitch_from_free(h, slot, n, taken);
+  if (head_b + got * G >= size) {
+    free(taken);
+    return none;
+  }
+  size_t missing = size - head_b - got * G, best = SIZE_MAX, bytes = SIZE_MAX;
+  for (bs_node_t* nd = _stash_bs_first(&a->by_addr); nd; nd = _stash_bs_next(nd)) {
+    const sb_block* b = FROM_ANODE(nd);
+    if (b == a->last || !tag_ok(b, slot)) continue;
+    size_t hi = 0;
+    for (size_t i = whole_handles_from(h, a, b, &hi); whole_handle_in(a, i, hi); i++) {
+      size_t nb = a->handles[i].npages * G;
+      if (nb <= missing || nb >= bytes) continue;
+      bool in = false;
+      for (size_t k = 0; k < got && !in; k++) in = taken[k] == (uint32_t)a->handles[i].first_page;
+      if (!in) best = i, bytes = nb;
+    }
+  }
+  free(taken);
+  return best == SIZE_MAX ? none : (sb_edge){true, best, missing};
+}
+
 /* Whether live bytes are at their peak so far (within a thousandth of it): nothing much has
  * been freed since they last rose, as in a first forward pass climbing to its peak. */
 static bool climbing(stash_heap_t* h) {
@@ -1757,16 +1794,23 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     take_whole_handles(h, a->last, need, homes, &at_end);
   if (at_end >= need) {
     hd.found = tl.found = false; /* no new memory: no head or tail either */
-  } else if (cover_only) { /* free memory does not cover it: grow instead */
-    free(homes);
-    *out = NULL;
-    return STASH_OK;
+  } else if (cover_only) { /* free memory covers it with a tail in a hole, or grow instead */
+    hd.found = false;
+    tl = stitch_hole_tail(h, slot, size, 0);
+    if (!tl.found) {
+      free(homes);
+      *out = NULL;
+      return STASH_OK;
+    }
   } else {
     if (!edges_known) stitch_edges(h, slot, size, pressed, cached, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);
     if (end.found) tl = end;
+    sb_edge hole = end.found ? (sb_edge){false, 0, 0}
+                                                 : stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0);
+    if (hole.found) tl = hole;
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
   size_t lead = hd.found ? a->handles[hd.handle].npages : 0;
