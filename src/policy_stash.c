@@ -1809,9 +1809,10 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);
     if (end.found) tl = end;
-    sb_edge hole = end.found ? (sb_edge){false, 0, 0}
-                                                 : stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0);
-    if (hole.found) tl = hole;
+    if (!end.found) {
+      sb_edge hole = stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0);
+      if (hole.found) tl = hole;
+    }
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
   size_t lead = hd.found ? a->handles[hd.handle].npages : 0;
