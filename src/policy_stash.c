@@ -828,9 +828,10 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
   if (limit && cap_bytes > limit) cap_bytes = limit;
   bool loading = !a->small && !s->freed; /* nothing freed yet: every byte grown stays */
   bool scattered = false; /* freed memory the requests cannot use: no burst */
+  size_t want = 0;        /* the block it grows for: the free end it extends and new pages */
   if (!a->small && !exact) {
     size_t fresh = a->free_bytes > a->free_at_grow ? a->free_bytes - a->free_at_grow : 0;
-    size_t want = need_pages * G + free_tail(a, slot);
+    want = need_pages * G + free_tail(a, slot);
     scattered = a->free_bytes >= kBurstMax && fresh / kScatterTimes >= want;
   }
   size_t free_was = a->free_bytes;
@@ -847,9 +848,7 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
    * step's peak that runt is reserved and unused) - but not in a heap turned tight, where at
    * the device's limit it needed larger devices as often as smaller (docs/policy-stash.md,
    * "Thirty-second session") */
-  if (!a->small && !exact && s->dropped && !s->tight &&
-      need_pages * G + free_tail(a, slot) >= kExactGrowFrom)
-    step = 0;
+  if (!a->small && !exact && s->dropped && !s->tight && want >= kExactGrowFrom) step = 0;
   size_t pages = need_pages > step ? need_pages : step;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;
   if (a->mapped + pages * G > a->va_size) pages = need_pages; /* the step is a wish */
@@ -1636,6 +1635,17 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool press
   *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX, least);
 }
 
+/* The pages the holes' whole allocations give a new range of `size` bytes after a head of
+ * head_b bytes (stitch_from_free), in a buffer of their own, *taken, that the caller frees -
+ * the caller's holds the pages it has picked; how many. Without host memory for it, *taken is
+ * NULL and the count 0. */
+static size_t holes_give(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+                         uint32_t** taken) {
+  size_t n = (size - head_b) / G;
+  *taken = malloc((n ? n : 1) * sizeof **taken);
+  return *taken ? stitch_from_free(h, slot, n, *taken) : 0;
+}
+
 /* For a new range that would otherwise take new memory after a head of head_b bytes: the
  * largest physical allocation lying wholly in the large arena's free end, as its tail, when
  * the holes' whole allocations and it cover the rest of `size` - so no new memory is made.
@@ -1643,9 +1653,8 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool press
  * head and the holes leave (the tail's bytes), and the rest stays free in the arena. An
  * allocation larger than what is missing is otherwise never taken (only whole ones that fit
  * the count), and the range would map new memory beside a free one that could have served
- * it. Not taken when a tail found elsewhere is as large. (Counting the holes' pages takes a
- * buffer of its own: the caller's holds the pages it has picked. Without host memory for it,
- * no such tail: the range takes new memory, as it would have.) */
+ * it. Not taken when a tail found elsewhere is as large. (Without host memory to count the
+ * holes' pages, no such tail: the range takes new memory, as it would have.) */
 static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
                                const sb_edge* tail) {
   sb_arena* a = &S(h)->arenas[1];
@@ -1656,11 +1665,10 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
   for (size_t i = whole_handles_from(h, a, t, &hi); whole_handle_in(a, i, hi); i++)
     if (a->handles[i].npages * G > bytes) best = i, bytes = a->handles[i].npages * G;
   if (best == SIZE_MAX || (tail->found && bytes <= tail->bytes)) return none;
-  size_t n = (size - head_b) / G;
-  uint32_t* scratch = malloc((n ? n : 1) * sizeof *scratch);
-  if (!scratch) return none;
-  size_t holes = stitch_from_free(h, slot, n, scratch) * G;
-  free(scratch);
+  uint32_t* taken = NULL;
+  size_t holes = holes_give(h, slot, size, head_b, &taken) * G;
+  if (!taken) return none;
+  free(taken);
   if (head_b + holes >= size || head_b + holes + bytes < size) return none;
   return (sb_edge){true, best, size - head_b - holes};
 }
@@ -1678,10 +1686,9 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
 static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
-  size_t n = (size - head_b) / G;
-  uint32_t* taken = malloc((n ? n : 1) * sizeof *taken);
+  uint32_t* taken = NULL;
+  size_t got = holes_give(h, slot, size, head_b, &taken);
   if (!taken) return none; /* no such tail: new memory, as before */
-  size_t got = stitch_from_free(h, slot, n, taken);
   if (head_b + got * G >= size) {
     free(taken);
     return none;
@@ -1796,8 +1803,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   if (at_end >= need) {
     hd.found = tl.found = false; /* no new memory: no head or tail either */
   } else if (cover_only) { /* free memory covers it with a tail in a hole, or grow instead */
-    hd.found = false;
-    tl = stitch_hole_tail(h, slot, size, 0);
+    tl = stitch_hole_tail(h, slot, size, 0); /* no head: edges are not looked for here */
     if (!tl.found) {
       free(homes);
       *out = NULL;
@@ -1808,8 +1814,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);
-    if (end.found) tl = end;
-    if (!end.found) {
+    if (end.found) {
+      tl = end;
+    } else {
       sb_edge hole = stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0);
       if (hole.found) tl = hole;
     }

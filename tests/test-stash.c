@@ -882,6 +882,14 @@ TEST(the_free_end_is_the_last_fit) {
   fx_close(&f);
 }
 
+/* x, just allocated, was stitched with no new memory: reserved bytes and cuMemCreate calls as
+ * they were before it. */
+static void stitched_without_new_memory(fixture_t* f, void* x, int64_t reserved, uint64_t creates) {
+  CHECK(find(f, x).in_stitched);
+  CHECK_EQ(STAT(f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(stash_sim_calls(f->sim, STASH_CALL_phys_create), creates);
+}
+
 /* A new stitched range that would need new memory ends instead in a whole allocation of the
  * arena's free end larger than what the holes leave missing: only its start is used. */
 TEST(a_stitched_range_ends_in_a_larger_free_allocation_at_the_end) {
@@ -934,9 +942,7 @@ TEST(a_stitched_range_ends_in_a_larger_free_allocation_of_a_hole) {
   int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
   uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
   void* x = fx_alloc(&f, 150 * MiB, S1); /* fits nowhere (the largest free block is 100) */
-  CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved); /* the old way: 50 MiB more */
-  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_phys_create), creates);
+  stitched_without_new_memory(&f, x, reserved, creates); /* the old way: 50 MiB more */
   size_t run = 0;
   CHECK_EQ(phys_of(&f, x, &run), phys_c);
   CHECK_EQ(run, 100 * MiB);
@@ -2082,14 +2088,6 @@ static void mid_sized_setup(fixture_t* f, void* p[4], void** fill) {
   fx_free(f, p[1]);
   fx_free(f, p[3]);
   fx_free(f, *fill);
-}
-
-/* x, just allocated, was stitched with no new memory: reserved bytes and cuMemCreate calls as
- * they were before it. */
-static void stitched_without_new_memory(fixture_t* f, void* x, int64_t reserved, uint64_t creates) {
-  CHECK(find(f, x).in_stitched);
-  CHECK_EQ(STAT(f, reserved_bytes, ALL, current), reserved);
-  CHECK_EQ(stash_sim_calls(f->sim, STASH_CALL_phys_create), creates);
 }
 
 /* A request of 48-128 MiB that fits nowhere is stitched only when whole free allocations -
