@@ -45,11 +45,14 @@
  * since nothing was live - a model's parameters being loaded, every byte grown kept - every
  * growth takes twice the last one's size, however far apart, up to 192 MiB: GPT-2's
  * parameters in 3 allocations, not 14 (what the last burst leaves free, the first forward pass
- * takes). The small arena bursts
- * likewise, at any time, up to 8 MiB: 2 MiB steps where growth is rare (a late step's few
- * small requests) - up to 6 MiB less reserved for nothing than one 8 MiB step - and 8 MiB
- * ones where it is frequent (an optimizer's state of many 1 MiB tensors being made), so as
- * not to pay four times the calls.
+ * takes). After the first drop, a growth that comes 32 or more allocations after the last
+ * free - an optimizer's state being made, tensor after tensor, none freed - doubles the last
+ * one's size again, up to 64 MiB: T5-base b3's Adam state in 24 growths, not 92 of 6-10 MiB
+ * (a forward pass frees a temporary every few allocations and stays exact; not in a heap
+ * turned tight). The small arena bursts likewise, at any time, up to 8 MiB: 2 MiB steps
+ * where growth is rare (a late step's few small requests) - up to 6 MiB less reserved for
+ * nothing than one 8 MiB step - and 8 MiB ones where it is frequent (an optimizer's state of
+ * many 1 MiB tensors being made), so as not to pay four times the calls.
  *
  * A large request (>= 128 MiB) that fits nowhere is *stitched* instead when the holes can
  * give at least a tenth of it in whole physical allocations - or, in the first forward pass
@@ -221,7 +224,11 @@ static long long knob(const char* name, long long value) {
  * 192 MiB and a runt. A growth kBurstAllocs or fewer allocations after the last doubles the
  * last one's size, up to kBurstMax (until live bytes first fall to half their peak); while
  * nothing has been freed yet (a model being loaded), every growth doubles the last, up to
- * kLargePieceMax. No burst, and the burst chain left as it was, when the arena holds at least
+ * kLargePieceMax; after the first drop, a growth kRunAllocs or more allocations after the last
+ * free (a run that frees nothing: state being made) doubles the last, up to kBurstMax (not
+ * in a heap turned tight: at the device's limit it moved mobilenet_v2_b256's smallest device
+ * 4 MiB over expandable segments'). No
+ * burst, and the burst chain left as it was, when the arena holds at least
  * kBurstMax free bytes and kScatterTimes the request's more than when the last growth was asked
  * for (the free memory is scattered: a burst's end would lie unused at the peak). */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
@@ -229,6 +236,7 @@ static long long knob(const char* name, long long value) {
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
 #define kLargePieces KNOB_I(kLargePieces, 10)
 #define kBurstAllocs KNOB_Z(kBurstAllocs, (size_t)20)
+#define kRunAllocs KNOB_Z(kRunAllocs, (size_t)32)
 #define kBurstMax KNOB_Z(kBurstMax, (size_t)64 << 20)
 #define kScatterTimes KNOB_Z(kScatterTimes, (size_t)2)
 #define kOnePiecePct KNOB_Z(kOnePiecePct, (size_t)400)
@@ -398,6 +406,7 @@ typedef struct sb_state_s {
   ptrmap_t allocated;  /* address -> user block (live) */
   stash_events_t events;
   uint64_t nallocs;    /* allocation requests so far */
+  uint64_t allocs_at_free; /* nallocs at the last free: the allocations since freed nothing */
   sb_block* cache[kCacheSizes]; /* [size / 512 - 1]: K_CACHED blocks, linked by tnext */
   size_t ncached;
   size_t cached_bytes;
@@ -835,8 +844,11 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
     scattered = a->free_bytes >= kBurstMax && fresh / kScatterTimes >= want;
   }
   size_t free_was = a->free_bytes;
-  if (!exact && !scattered && (a->small || !s->dropped) && a->last_grow_pages &&
-      (loading || s->nallocs - a->allocs_at_last_grow <= kBurstAllocs)) {
+  /* after the first drop, a long run of allocations that frees nothing (state being made) */
+  bool run = !a->small && !exact && !scattered && s->dropped && !s->tight &&
+             s->nallocs - s->allocs_at_free >= kRunAllocs;
+  if (!exact && !scattered && (a->small || !s->dropped || run) && a->last_grow_pages &&
+      (loading || run || s->nallocs - a->allocs_at_last_grow <= kBurstAllocs)) {
     size_t burst = 2 * a->last_grow_pages; /* growing again soon after the last time */
     size_t cap = (a->small ? kSmallBurstMax : loading ? kLargePieceMax : kBurstMax) / G;
     if (limit && cap > limit / G) cap = limit / G; /* a burst of one piece at most */
@@ -848,7 +860,7 @@ static stash_status_t arena_grow(stash_heap_t* h, sb_arena* a, size_t need_pages
    * step's peak that runt is reserved and unused) - but not in a heap turned tight, where at
    * the device's limit it needed larger devices as often as smaller (docs/policy-stash.md,
    * "Thirty-second session") */
-  if (!a->small && !exact && s->dropped && !s->tight && want >= kExactGrowFrom) step = 0;
+  if (!a->small && !exact && s->dropped && !s->tight && want >= kExactGrowFrom && !run) step = 0;
   size_t pages = need_pages > step ? need_pages : step;
   if (h->has_limit && h->total_reserved + pages * G > h->allowed_max) pages = need_pages;
   if (a->mapped + pages * G > a->va_size) pages = need_pages; /* the step is a wish */
@@ -2320,6 +2332,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
   }
   _stash_ptrmap_take(&s->allocated, ptr);
   s->freed = true;
+  s->allocs_at_free = s->nallocs;
   _stash_history_add(h, STASH_TRACE_FREE_REQUESTED, b->ptr, b->requested, b->stream);
   b->allocated = false;
   bool small = block_small(b);

@@ -1174,6 +1174,81 @@ TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
   fx_close(&f);
 }
 
+/* After a forward pass and its drop (284 MiB free at the arena's end), forty 9 MiB requests
+ * (an optimizer's state being made: none freed) - or, `free_every` > 0, with a small block allocated and freed before
+ * every free_every-th (a forward pass's temporaries). Writes the first eight growths (MiB)
+ * the requests made to grown[] and returns how many there were. */
+static int state_run_growths(int free_every, int64_t grown[8]) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return -1;
+  void* keep = not_loading(&f);
+  void* v[12];
+  forward_pass(&f, v);
+  for (int i = 2; i < 12; i++) fx_free(&f, v[i]); /* 50 of 300 MiB live: the first drop */
+  void* w[40];
+  int n = 0;
+  for (int i = 0; i < 40; i++) {
+    if (free_every && i % free_every == 0) fx_free(&f, fx_alloc(&f, 2 * MiB, S1));
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    w[i] = fx_alloc(&f, 9 * MiB, S1);
+    int64_t d = STAT(&f, reserved_bytes, LARGE, current) - before;
+    if (d && n < 8) grown[n] = d / (int64_t)MiB;
+    n += d != 0;
+  }
+  for (int i = 0; i < 40; i++) fx_free(&f, w[i]);
+  for (int i = 0; i < 2; i++) fx_free(&f, v[i]);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+  return n;
+}
+
+/* After the first drop, a growth that comes 32 or more allocations after the last free
+ * doubles the last growth, up to 64 MiB, as in the first pass: the 284 MiB free end holds 31
+ * of the 9 MiB requests, the 32nd and the 39th grow the arena by 64 MiB each (the forward
+ * pass's last growth was 64) - where a run with a free every 8 requests grows by what each
+ * request lacks (at least 6 MiB), 9 times. T5-base b3, whose Adam state is made so:
+ * 92 growths from its first drop to its 11000th event without the rule, 24 with it
+ * (docs/policy-stash.md, "Thirty-third session"). */
+TEST(after_the_first_drop_a_run_that_frees_nothing_grows_in_bursts) {
+  int64_t grown[8] = {0};
+  CHECK_EQ(state_run_growths(0, grown), 2);
+  CHECK_EQ(grown[0], 64);
+  CHECK_EQ(grown[1], 64);
+  /* the need in 2 MiB pages, at least 6 MiB, every few requests (the first eight) */
+  static const int64_t exact[8] = {6, 8, 8, 10, 8, 10, 8, 10};
+  CHECK_EQ(state_run_growths(8, grown), 9);
+  for (int i = 0; i < 8; i++) CHECK_EQ(grown[i], exact[i]);
+}
+
+/* ... but not in a heap turned tight: on a 1000 MiB device, 36 requests of 25 MiB grow the
+ * heap to 912 MiB, and when 30 of them are freed the first drop finds it 91% full; what is
+ * wholly free goes back, and the run of 9 MiB requests that follows grows it by what each
+ * lacks, 8 or 10 MiB, from the 32nd request on too (were the run's rule to apply there: by
+ * 20 MiB every other request, a tight heap's bursts being one 20 MiB piece at most). */
+TEST(a_heap_turned_tight_makes_a_run_that_frees_nothing_no_burst) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 1000 * MiB)) return;
+  void* keep = not_loading(&f);
+  void* v[36];
+  for (int i = 0; i < 36; i++) v[i] = fx_alloc(&f, 25 * MiB, S1);
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 912 * (int64_t)MiB);
+  for (int i = 6; i < 36; i++) fx_free(&f, v[i]);
+  void* w[48];
+  for (int i = 0; i < 48; i++) {
+    int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+    w[i] = fx_alloc(&f, 9 * MiB, S1);
+    int64_t d = (STAT(&f, reserved_bytes, LARGE, current) - before) / (int64_t)MiB;
+    if (i == 0) CHECK(d < 0); /* the drop: tight, the free allocations given back */
+    if (i >= 31) CHECK(d == 8 || d == 10); /* each grows the heap, by what it lacks */
+  }
+  for (int i = 0; i < 48; i++) fx_free(&f, w[i]);
+  for (int i = 0; i < 6; i++) fx_free(&f, v[i]);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 /* A language model's step in miniature: eight layers, each keeping a 12 MiB activation for
  * the backward pass beside a 24 MiB key/value block that is freed between the step's two
  * 600 MiB logits; then the backward pass frees the rest. After the first step the optimizer's
@@ -2675,6 +2750,8 @@ int main(void) {
   RUN(after_the_first_drop_a_request_of_12_MiB_or_more_grows_by_what_it_lacks);
   RUN(a_heap_turned_tight_keeps_the_least_growth_for_large_requests);
   RUN(growth_stops_bursting_once_live_bytes_have_fallen_to_half);
+  RUN(after_the_first_drop_a_run_that_frees_nothing_grows_in_bursts);
+  RUN(a_heap_turned_tight_makes_a_run_that_frees_nothing_no_burst);
   RUN(a_growth_amid_scattered_free_memory_is_no_burst);
   RUN(a_model_being_loaded_grows_in_bursts_up_to_the_piece_cap);
   RUN(a_repeated_size_a_little_over_the_piece_cap_grows_in_one_piece);
