@@ -227,10 +227,10 @@ static long long knob(const char* name, long long value) {
  * kLargePieceMax; after the first drop, a growth kRunAllocs or more allocations after the last
  * free (a run that frees nothing: state being made) doubles the last, up to kBurstMax (not
  * in a heap turned tight: at the device's limit it moved mobilenet_v2_b256's smallest device
- * 4 MiB over expandable segments'). No
- * burst, and the burst chain left as it was, when the arena holds at least
- * kBurstMax free bytes and kScatterTimes the request's more than when the last growth was asked
- * for (the free memory is scattered: a burst's end would lie unused at the peak). */
+ * 4 MiB over expandable segments'). No burst, and the burst chain left as it was, when the
+ * arena holds at least kBurstMax free bytes and kScatterTimes the request's more than when the
+ * last growth was asked for (the free memory is scattered: a burst's end would lie unused at
+ * the peak). */
 #define kLargeGrowBytes KNOB_Z(kLargeGrowBytes, (size_t)6 << 20)
 #define kExactGrowFrom KNOB_Z(kExactGrowFrom, (size_t)12 << 20)
 #define kLargePieceMax KNOB_Z(kLargePieceMax, (size_t)192 << 20)
@@ -406,7 +406,7 @@ typedef struct sb_state_s {
   ptrmap_t allocated;  /* address -> user block (live) */
   stash_events_t events;
   uint64_t nallocs;    /* allocation requests so far */
-  uint64_t allocs_at_free; /* nallocs at the last free: the allocations since freed nothing */
+  uint64_t allocs_at_free; /* nallocs at the last free: none freed since, a run that long */
   sb_block* cache[kCacheSizes]; /* [size / 512 - 1]: K_CACHED blocks, linked by tnext */
   size_t ncached;
   size_t cached_bytes;

@@ -1175,9 +1175,9 @@ TEST(growth_stops_bursting_once_live_bytes_have_fallen_to_half) {
 }
 
 /* After a forward pass and its drop (284 MiB free at the arena's end), forty 9 MiB requests
- * (an optimizer's state being made: none freed) - or, `free_every` > 0, with a small block allocated and freed before
- * every free_every-th (a forward pass's temporaries). Writes the first eight growths (MiB)
- * the requests made to grown[] and returns how many there were. */
+ * (an optimizer's state being made: none freed) - or, `free_every` > 0, with a small block
+ * allocated and freed before every free_every-th (a forward pass's temporaries). Writes the
+ * first eight growths (MiB) the requests made to grown[] and returns how many there were. */
 static int state_run_growths(int free_every, int64_t grown[8]) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return -1;
