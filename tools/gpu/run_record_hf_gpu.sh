@@ -3,7 +3,8 @@
 # (tools/gpu/record_hf.py: forward, backward, step, zero_grad) on more models, and replay each
 # once through cudaMallocAsync for its anchor, with the shared tools' anchor_replay.cpp (carry
 # a copy: ANCHOR_REPLAY=path/to/anchor_replay.cpp). WORKLOADS picks some (default: all);
-# DEADLINE=seconds starts no workload after that many.
+# DEADLINE=seconds starts no workload after that many. RECORDER=tools/gpu/record_loops.py
+# records its loop variants instead (data/traces/loops).
 # Everything comes back in $OUT/traces-hf.tar:  tar -xf traces-hf.tar
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,13 +15,14 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda'
 C=$(dirname "$(dirname "$(which nvcc)")")
 g++ -O2 -std=c++17 "${ANCHOR_REPLAY:-build-shared/anchor_replay.cpp}" -o /tmp/anchor_replay \
   -I"$C/include" -L"$C/lib64" -lcudart -Wl,-rpath,"$C/lib64" 2>> "$R/err.txt" || echo "anchor_replay: build failed" >> "$R/err.txt"
-W=${WORKLOADS:-$(python3 tools/gpu/record_hf.py 2>&1 | sed -n 's/^workloads: //p')}
+REC=${RECORDER:-tools/gpu/record_hf.py}
+W=${WORKLOADS:-$(python3 "$REC" 2>&1 | sed -n 's/^workloads: //p')}
 start=$(date +%s)
 for w in $W; do
   t0=$(date +%s)
   # DEADLINE (seconds): start no workload after it, so that the tar below still happens
   if [ -n "${DEADLINE:-}" ] && [ $(( t0 - start )) -gt "$DEADLINE" ]; then echo "$w skipped: past DEADLINE" >> "$R/err.txt"; continue; fi
-  timeout 200 python3 tools/gpu/record_hf.py "$w" "$R" >> "$R/runs.jsonl" 2>> "$R/err.txt" || { echo "$w failed" >> "$R/err.txt"; continue; }
+  timeout 200 python3 "$REC" "$w" "$R" >> "$R/runs.jsonl" 2>> "$R/err.txt" || { echo "$w failed" >> "$R/err.txt"; continue; }
   zcat "$R/$w.csv.gz" > /tmp/$w.csv
   PASSES=1 timeout 120 /tmp/anchor_replay async /tmp/$w.csv | sed "s/^{/{\"workload\":\"$w\",/" >> "$R/async.jsonl" 2>> "$R/err.txt"
   rm -f /tmp/$w.csv

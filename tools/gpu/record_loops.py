@@ -1,0 +1,141 @@
+"""Record training traces whose loop is not the shared traces' own.
+
+Every CSV set recorded so far (tools/gpu/record_hf.py) runs one loop: forward under bf16
+autocast, backward, optimizer step (foreach AdamW, or SGD with momentum), zero_grad
+(set_to_none=True). policy:stash's rules were chosen on those traces, and on the one other
+loop it was measured on (data/traces/more*: train_compare.py, which frees the gradients after
+the next forward pass) the targets hold on 2 of 7. This script records the same models under
+loops that programs commonly run instead, one change each, so that policy:stash is measured
+on loop shapes it was not tuned on (data/traces/loops):
+
+  accum2      gradient accumulation: two forward/backward passes per optimizer step
+  keepgrads   zero_grad(set_to_none=False): the gradients live through the next forward pass
+  fused       AdamW(fused=True): one kernel, no foreach temporaries
+  nonforeach  the optimizer's per-parameter loop (foreach=False)
+  scaler      float16 autocast with a GradScaler (unscale, inf checks, skipped steps)
+  fp32        no autocast: float32 activations
+  ckpt        activation checkpointing (Hugging Face gradient_checkpointing_enable)
+  evalmix     every third step is preceded by an evaluation forward pass under no_grad
+  prefetch    the next batch is made before this step's backward pass
+  bf16params  the model itself in bfloat16 (parameters, gradients and optimizer state)
+
+  python3 tools/gpu/record_loops.py WORKLOAD OUTDIR      (on the device machine)
+
+Writes what record_hf.py writes (OUTDIR/WORKLOAD.csv.gz, OUTDIR/WORKLOAD.json), with the
+same models (random weights and data, fixed seeds); run through
+`RECORDER=tools/gpu/record_loops.py bash tools/gpu/run_record_hf_gpu.sh`.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record_hf as R  # noqa: E402  (the models, the recording, PyTorch's figures)
+import torch  # noqa: E402
+
+VARIANT = ""
+_AdamW, _SGD = torch.optim.AdamW, torch.optim.SGD
+
+
+def _opt_kwargs():
+    return {"nonforeach": {"foreach": False}, "fused": {"fused": True}}.get(VARIANT, {})
+
+
+def _adamw(params, **kw):
+    return _AdamW(params, **kw, **_opt_kwargs())
+
+
+def _sgd(params, **kw):
+    return _SGD(params, **kw, **_opt_kwargs())
+
+
+torch.optim.AdamW, torch.optim.SGD = _adamw, _sgd  # the models' builders make their optimizer
+
+
+def loop(model, opt, batches, forward, steps):
+    """record_hf.py's loop with one change, VARIANT."""
+    v = VARIANT
+    scaler = torch.amp.GradScaler("cuda") if v == "scaler" else None
+    dtype = torch.float16 if v == "scaler" else torch.bfloat16
+    if v == "ckpt":
+        model.train()
+        model.gradient_checkpointing_enable()
+    if v == "bf16params":
+        model.to(torch.bfloat16)
+    micro = 2 if v == "accum2" else 1
+    nxt = batches(0) if v == "prefetch" else None
+    for i in range(steps):
+        if v == "evalmix" and i % 3 == 2:
+            model.eval()
+            with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+                forward(model, batches(1000 + i))
+            model.train()
+        for k in range(micro):
+            b = nxt if v == "prefetch" else batches(i * micro + k)
+            with torch.autocast("cuda", dtype=dtype, enabled=v != "fp32"):
+                loss = forward(model, b) / micro
+            if v == "prefetch":
+                nxt = batches(i + 1)
+            (scaler.scale(loss) if scaler else loss).backward()
+            del b
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=v != "keepgrads")
+        yield
+
+
+def _hf_train(model, opt, batches, steps=R.STEPS):
+    return loop(model, opt, batches, lambda m, kw: m(**kw).loss, steps)
+
+
+def vision(name, bs):  # record_hf.py's torchvision classifier, its batch made by `batches`
+    import torchvision
+    m = getattr(torchvision.models, name)(weights=None).to(R.dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    def batch(_):
+        return (torch.randn(bs, 3, 224, 224, device=R.dev),
+                torch.randint(0, 1000, (bs,), device=R.dev))
+    return loop(m, opt, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                R.STEPS)
+
+
+R.train = _hf_train  # the Hugging Face builders call record_hf's train()
+
+# data/traces/loops: chosen before any was replayed; model sizes recorded before, loops not.
+LOOPS = {
+    "gpt2_b8_accum2": ("accum2", lambda: R.gpt2(8)),
+    "llama_b6_accum2": ("accum2", lambda: R.llama(6)),
+    "efficientnet_b0_b128_accum2": ("accum2", lambda: vision("efficientnet_b0", 128)),
+    "bert_b16_keepgrads": ("keepgrads", lambda: R.bert_mlm(16, 512)),
+    "resnet101_b64_keepgrads": ("keepgrads", lambda: vision("resnet101", 64)),
+    "vit_b64_fused": ("fused", lambda: R.vit(64)),
+    "bert_large_b4_fused": ("fused", lambda: R.bert_large(4)),
+    "t5_b32_nonforeach": ("nonforeach", lambda: R.t5(32, 512, 128)),
+    "swin_t_b64_nonforeach": ("nonforeach", lambda: vision("swin_t", 64)),
+    "resnet50_b96_scaler": ("scaler", lambda: vision("resnet50", 96)),
+    "llama_b4_scaler": ("scaler", lambda: R.llama(4)),
+    "convnext_tiny_b64_fp32": ("fp32", lambda: vision("convnext_tiny", 64)),
+    "gpt2_b8_ckpt": ("ckpt", lambda: R.gpt2(8)),
+    "opt125m_b8_evalmix": ("evalmix", lambda: R.opt125m(8)),
+    "resnet50_b64_evalmix": ("evalmix", lambda: vision("resnet50", 64)),
+    "roberta_b16_prefetch": ("prefetch", lambda: R.roberta(16, 512)),
+    "gpt2_medium_b4_bf16params": ("bf16params", lambda: R.gpt2_medium(4)),
+}
+
+
+def _workload(variant, build):
+    def start():
+        global VARIANT
+        VARIANT = variant
+        return build()
+    return start
+
+
+R.WORKLOADS = {name: _workload(*vb) for name, vb in LOOPS.items()}
+R.__doc__ = __doc__
+
+if __name__ == "__main__":
+    sys.exit(R.main())
