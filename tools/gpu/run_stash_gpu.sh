@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): the GPU check of policy:stash. Builds stash, runs the
+# On the device machine (one GPU: an H200, or an H100 when the device tool gives one):
+# the GPU check of policy:stash. Builds stash, runs the
 # GPU tests (test-cuda: patterns through stitched ranges, record_stream, out of memory,
 # empty_cache measured by the driver), then replays the four traces under policy:stash
 # (and policy:pytorch, for comparison) on the GPU with --driver-check and on the simulated
