@@ -48,13 +48,15 @@ def main():
     for name, t in sorted(anchors.items()):
         if only and name not in only:
             continue
-        settings = list(t["pytorch"].keys())
-        if total is not None:  # what this GPU cannot hold is not replayed on it
-            for s in [s for s in settings if t["pytorch"][s]["peak_reserved_bytes"] > total]:
+        settings = []
+        for s, want in t["pytorch"].items():
+            if total is not None and want["peak_reserved_bytes"] > total:
+                # what this GPU cannot hold is not replayed on it
                 print("%-22s %-28s skipped: PyTorch reserved %d bytes, this GPU holds %d" % (
-                    name, s or "(default)", t["pytorch"][s]["peak_reserved_bytes"], total))
+                    name, s or "(default)", want["peak_reserved_bytes"], total))
                 skipped += 1
-            settings = [s for s in settings if t["pytorch"][s]["peak_reserved_bytes"] <= total]
+            else:
+                settings.append(s)
         confs = ["policy:pytorch" + ("," + s if s else "") for s in settings]
         path = os.path.join(data, "traces", t["file"])
         # PyTorch's figures come from one fresh process per setting. On a GPU the driver's

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the device machine (one GPU: an H200, or an H100 when the device tool gives one):
-# record traces with the shared traces' own loop
-# (tools/gpu/record_hf.py: forward, backward, step, zero_grad) on more models, and replay each
-# once through cudaMallocAsync for its anchor, with the shared tools' anchor_replay.cpp (carry
-# a copy: ANCHOR_REPLAY=path/to/anchor_replay.cpp). WORKLOADS picks some (default: all);
+# record traces with the shared traces' own loop (tools/gpu/record_hf.py: forward, backward,
+# step, zero_grad) on more models, and replay each once through cudaMallocAsync for its
+# anchor, with the shared tools' anchor_replay.cpp (carry a copy:
+# ANCHOR_REPLAY=path/to/anchor_replay.cpp). WORKLOADS picks some (default: all);
 # DEADLINE=seconds starts no workload after that many. RECORDER=tools/gpu/record_loops.py
 # records its loop variants instead (data/traces/loops).
 # Everything comes back in $OUT/traces-hf.tar:  tar -xf traces-hf.tar

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On the device machine (one GPU: an H200, or an H100 when the device tool gives one):
-# the GPU check of policy:stash. Builds stash, runs the
-# GPU tests (test-cuda: patterns through stitched ranges, record_stream, out of memory,
-# empty_cache measured by the driver), then replays the four traces under policy:stash
-# (and policy:pytorch, for comparison) on the GPU with --driver-check and on the simulated
-# device, and times the fast path there. Results go to $OUT/stash/ (and $OUT/stash.tar).
+# On the device machine (one GPU: an H200, or an H100 when the device tool gives one): the
+# GPU check of policy:stash. Builds stash, runs the GPU tests (test-cuda: patterns through
+# stitched ranges, record_stream, out of memory, empty_cache measured by the driver), then
+# replays the four traces under policy:stash (and policy:pytorch, for comparison) on the GPU
+# with --driver-check and on the simulated device, and times the fast path there. Results go
+# to $OUT/stash/ (and $OUT/stash.tar).
 # TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces (TRACES=all:
-# every recorded trace, the 357 that compare_policies.py scores);
+# every recorded trace, the 399 that compare_policies.py scores);
 # CONFS="policy:stash" replays only those configurations (default: policy:stash and
 # policy:pytorch); BENCH=0 skips the timing.
 set -uo pipefail
