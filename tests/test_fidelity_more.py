@@ -11,8 +11,8 @@ each in data/traces/final and data/traces/blind, 26 each in data/traces/post and
 data/traces/unseen, 24 in data/traces/ninth and 28 each in data/traces/eleventh,
 data/traces/twelfth, data/traces/thirteenth and data/traces/fourteenth, 13 in
 data/traces/fifteenth, 24 in data/traces/sixteenth and 25 in data/traces/seventeenth, recorded
-the same way; and 17 in data/traces/loops, the same models under other training loops
-(tools/gpu/record_loops.py, on an H100).
+the same way; and 17 in data/traces/loops (on an H100) and 14 in data/traces/loops2 (on an
+H200), the same models under other training loops (tools/gpu/record_loops.py).
 Replayed under policy:pytorch, each must give exactly the max_memory_reserved() and
 max_memory_allocated() that the training run itself reported (runs.jsonl; its runs under
 other settings are not replayed here). The replays use --trace-addresses: each new segment

@@ -17,9 +17,10 @@ Every setting after A is compared with A.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
 data/traces/more and more2), hf, holdout, fresh, later, final, blind, post, unseen, ninth,
-eleventh, twelfth, thirteenth, fourteenth, fifteenth, sixteenth, seventeenth, loops (the same
-models under other training loops); default: all; "recorded": all but shared, more, hf and
-loops (the README's traces recorded with the shared traces' loop to check the rules).
+eleventh, twelfth, thirteenth, fourteenth, fifteenth, sixteenth, seventeenth, loops and loops2
+(the same models under other training loops); default: all; "recorded": all but shared, more,
+hf, loops and loops2 (the README's traces recorded with the shared traces' loop to check the
+rules).
 Anchors, as tools/targets_table.py takes them: PyTorch's four settings replayed by
 policy:pytorch (which reproduces the recorded runs) and cudaMallocAsync's recorded peak.
 --families also prints, per setting, the README's table by family (VGG, Llama, ViT, GPT-2, OPT,
@@ -44,7 +45,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 DATA = os.path.join(ROOT, "data", "traces")
 SETS = ["shared", "more", "hf", "holdout", "fresh", "later", "final", "blind", "post", "unseen",
         "ninth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth",
-        "seventeenth", "loops"]
+        "seventeenth", "loops", "loops2"]
 SHARED = ["resnet50_train", "gpt2_train", "bert_varlen_train", "gpt2_sidestream_train"]
 ANCHOR_CONFS = TABLE_CONFS[1:]  # PyTorch's four settings, the default first
 
@@ -219,7 +220,7 @@ def main():
     if len(args.settings) < 2:
         ap.error("give at least two settings: A B [C ...]")
     if args.sets == "recorded":  # the README's "traces recorded to check the rules"
-        args.sets = ",".join(s for s in SETS if s not in ("shared", "more", "hf", "loops"))
+        args.sets = ",".join(s for s in SETS if s not in ("shared", "more", "hf", "loops", "loops2"))
     sets = args.sets.split(",")
     bad = [s for s in sets if s not in SETS]
     if bad:

@@ -6,7 +6,8 @@ autocast, backward, optimizer step (foreach AdamW, or SGD with momentum), zero_g
 loop it was measured on (data/traces/more*: train_compare.py, which frees the gradients after
 the next forward pass) the targets hold on 2 of 7. This script records the same models under
 loops that programs commonly run instead, one change each, so that policy:stash is measured
-on loop shapes it was not tuned on (data/traces/loops):
+on loop shapes it was not tuned on (data/traces/loops, recorded on an H100 in the
+thirty-fourth session):
 
   accum2      gradient accumulation: two forward/backward passes per optimizer step
   keepgrads   zero_grad(set_to_none=False): the gradients live through the next forward pass
@@ -19,8 +20,8 @@ on loop shapes it was not tuned on (data/traces/loops):
   prefetch    the next batch is made before this step's backward pass
   bf16params  the model itself in bfloat16 (parameters, gradients and optimizer state)
 
-The loops below were added in the same session but not yet recorded (the device tool could
-not start a machine again): their workloads, the second batch of LOOPS, have never run.
+A second batch, written in the same session after the first had been replayed, was recorded
+in the thirty-fifth (data/traces/loops2, on an H200; no rule changed in between):
 
   clip        gradient clipping (clip_grad_norm_ to 1.0) before each step
   ema         an exponential moving average of the parameters, updated after each step
@@ -178,8 +179,8 @@ LOOPS = {
     "resnet50_b64_evalmix": ("evalmix", lambda: vision("resnet50", 64)),
     "roberta_b16_prefetch": ("prefetch", lambda: R.roberta(16, 512)),
     "gpt2_medium_b4_bf16params": ("bf16params", lambda: R.gpt2_medium(4)),
-    # a second batch, written after the first was replayed (no rule changed in between); not
-    # yet recorded, never run: record with WORKLOADS="gpt2_b8_clip ... opt125m_b8_sgd"
+    # data/traces/loops2: a second batch, written after the first was replayed (no rule
+    # changed in between), recorded with WORKLOADS="gpt2_b8_clip ... opt125m_b8_sgd"
     "gpt2_b8_clip": ("clip", lambda: R.gpt2(8)),
     "roberta_b16_clip": ("clip", lambda: R.roberta(16, 512)),
     "vit_b64_ema": ("ema", lambda: R.vit(64)),
