@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): build stash, run every test (the GPU ones included),
+# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
+# device tool sometimes gives): build stash, run every test (the GPU ones included),
 # replay the four traces under PyTorch's four settings on the GPU (--provider cuda, one
 # process per replay) and on the simulated device, time PyTorch's own allocator on the
 # same traces and machine, and run bench_replay there. Results go to $OUT/gpu/.

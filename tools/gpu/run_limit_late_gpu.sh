@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): the twenty-third session's rule at the device's limit -
+# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
+# device tool sometimes gives): the twenty-third session's rule at the device's limit -
 # a heap that first holds 90% of what it may hold after its first drop turns tight there.
 # The five traces whose smallest device the rule lowered most (tools/min_capacity.py on the
 # simulated H200, +2 MiB), under policy:stash, through tools/gpu/run_limit_gpu.sh: expected

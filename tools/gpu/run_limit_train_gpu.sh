@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): GPT-2 small (the shared traces' model, batch 8 x 1024)
+# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
+# device tool sometimes gives): GPT-2 small (the shared traces' model, batch 8 x 1024)
 # trained for 8 steps on a GPU made smaller with torch.cuda.set_per_process_memory_fraction:
 # the allocator's reserved memory capped at 0.5-8% above (CAPS: other percentages) the run's peak live bytes (its
 # max_memory_allocated without a cap). Under each cap: policy:stash, policy:stash with

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): record new traces - ResNet-50 and GPT-2 at other batch
+# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
+# device tool sometimes gives): record new traces - ResNet-50 and GPT-2 at other batch
 # sizes than the shared traces', 8 steps under PyTorch's own allocator - as PyTorch memory
 # snapshots in $OUT/traces.tar, to test policy:stash on traces it was not tuned on:
 #   tar -xf traces.tar && build/stash-replay *.pickle.gz

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one H200): record traces of three more models, with fused attention
+# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
+# device tool sometimes gives): record traces of three more models, with fused attention
 # (tools/gpu/train_compare.py: gpt2sdpa, vit, bert), 8 steps under PyTorch's own allocator, as
 # PyTorch memory snapshots; and run each once more under cudaMallocAsync for its peak reserved
 # (the anchor the replay cannot compute). Everything comes back in $OUT/traces-more.tar:

@@ -6,7 +6,7 @@
 # with --driver-check and on the simulated device, and times the fast path there. Results go
 # to $OUT/stash/ (and $OUT/stash.tar).
 # TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces (TRACES=all:
-# every recorded trace, the 399 that compare_policies.py scores);
+# every recorded trace, the 413 that compare_policies.py scores);
 # CONFS="policy:stash" replays only those configurations (default: policy:stash and
 # policy:pytorch); BENCH=0 skips the timing.
 set -uo pipefail
