@@ -91,7 +91,9 @@
  * whole allocation of the arena's free end larger than what the head and the holes leave
  * missing, when it covers that: no new memory then (a whole allocation is otherwise taken
  * only where it fits the count, and one larger than what is missing would lie free beside
- * new memory made for the same range). A range for a request under 64 MiB has a head or a
+ * new memory made for the same range); a tail in a partly free allocation gives only what
+ * the head and the holes' whole allocations leave, so that none of those is skipped for want
+ * of room between head and tail. A range for a request under 64 MiB has a head or a
  * tail in a hole only of 8 MiB or more, and none while a free cached range would hold the
  * request but is not free as it was: smaller edges would be a few MiB beside blocks of a few
  * MiB, which take them in the next turn, and a range remade turn after turn is a driver call
@@ -1722,6 +1724,25 @@ static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, siz
   return best == SIZE_MAX ? none : (sb_edge){true, best, missing};
 }
 
+/* A tail found in a partly free allocation (stitch_edges), cut to what the head of head_b
+ * bytes and the holes' whole allocations leave of `size` - none when they cover it. The
+ * range's middle is the room the head and the tail leave, filled with whole allocations of
+ * the holes (largest hole first, skipping one that does not fit the room); a tail larger than
+ * needed makes the room smaller, and a whole allocation that would have fitted is then
+ * skipped for new memory: loops2/llama_b8_frozen's 26.6 MiB tail left a free 192 MiB
+ * allocation out and grew 180 MiB (docs/policy-stash.md, "Thirty-fifth session"). */
+static sb_edge stitch_trim_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+                                sb_edge tail) {
+  if (!tail.found) return tail;
+  uint32_t* taken = NULL;
+  size_t holes = holes_give(h, slot, size, head_b, &taken) * G;
+  if (!taken) return tail; /* without host memory to count them, the tail as found */
+  free(taken);
+  if (head_b + holes >= size) return (sb_edge){false, 0, 0};
+  if (head_b + holes + tail.bytes > size) tail.bytes = size - head_b - holes;
+  return tail;
+}
+
 /* Whether live bytes are at their peak so far (within a thousandth of it): nothing much has
  * been freed since they last rose, as in a first forward pass climbing to its peak. */
 static bool climbing(stash_heap_t* h) {
@@ -1830,7 +1851,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
       tl = end;
     } else {
       sb_edge hole = stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0);
-      if (hole.found) tl = hole;
+      tl = hole.found ? hole : stitch_trim_tail(h, slot, size, hd.found ? hd.bytes : 0, tl);
     }
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;

@@ -961,6 +961,59 @@ TEST(a_stitched_range_ends_in_a_larger_free_allocation_of_a_hole) {
   fx_close(&f);
 }
 
+/* A tail in a partly free allocation is cut to what the head and the holes' whole
+ * allocations leave: [A 100][B 30][C 100][E 60][D 4 + 16 free], with A's last 55 MiB, B and
+ * C's first 40 one hole and E another. A 180 MiB request (larger than either) takes A's 55 as
+ * its head, B and E whole, and C's first 33 as its tail: no new memory. Had the tail kept all
+ * of C's 40, the range would have had room for 85 MiB between head and tail, E (60) would not
+ * have fitted after B (30), and 54 MiB would have been grown beside it (loops2/llama_b8_frozen:
+ * 180 MiB grown beside a free 192 MiB allocation). */
+TEST(a_tail_in_a_partly_free_allocation_takes_only_what_whole_allocations_leave) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  static const size_t mib[5] = {100, 30, 100, 60, 20};
+  void* p[5];
+  for (int i = 0; i < 5; i++) {
+    quiet(&f, S1);
+    p[i] = fx_alloc(&f, mib[i] * MiB, S1);
+  }
+  fx_free(&f, p[4]);
+  p[4] = fx_alloc(&f, 4 * MiB, S1); /* D: 4 MiB used, its last 16 the free end */
+  CHECK_EQ(STAT(&f, segment, LARGE, current), 5);
+  quiet(&f, S1);
+  fx_free(&f, p[2]);
+  void* c0 = fx_alloc(&f, 40 * MiB, S1); /* C's start ... */
+  void* c1 = fx_alloc(&f, 60 * MiB, S1); /* ... and the rest */
+  CHECK_EQ(U(c0), U(p[2]));
+  CHECK_EQ(U(c1), U(p[2]) + 40 * MiB);
+  fx_free(&f, c0);                       /* C: only its first 40 MiB free */
+  fx_free(&f, p[0]);
+  void* a1 = fx_alloc(&f, 44 * MiB, S1); /* A: only its last 56 MiB free */
+  CHECK_EQ(U(a1), U(p[0]));
+  fx_free(&f, p[1]); /* one hole of 126 MiB: A's 56, B whole, C's 40 */
+  fx_free(&f, p[3]); /* another of 60: E whole */
+  uint64_t phys_b = phys_of(&f, p[1], NULL), phys_e = phys_of(&f, p[3], NULL);
+  int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+  uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
+  size_t size = 180 * MiB;
+  void* x = fx_alloc(&f, size, S1);
+  stitched_without_new_memory(&f, x, reserved, creates); /* the old way: 54 MiB more */
+  CHECK_EQ(phys_of(&f, x, NULL), phys_of(&f, (char*)p[0] + 44 * MiB, NULL)); /* A's free end */
+  CHECK(phys_overlap(&f, x, size, p[1], 30 * MiB));
+  CHECK(phys_overlap(&f, x, size, p[3], 60 * MiB));
+  CHECK(phys_of(&f, (char*)x + size - 1, NULL) >= phys_of(&f, p[2], NULL)); /* ends in C ... */
+  CHECK(!phys_overlap(&f, x, size, c1, 60 * MiB)); /* ... before its used part */
+  CHECK(!phys_overlap(&f, x, size, a1, 44 * MiB));
+  CHECK(phys_b != phys_e);
+  CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), size); /* exactly its bytes */
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x);
+  fx_free(&f, a1);
+  fx_free(&f, c1);
+  fx_free(&f, p[4]);
+  fx_close(&f);
+}
+
 TEST(little_in_the_holes_grows_the_arena_instead) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -2745,6 +2798,7 @@ int main(void) {
   RUN(the_free_end_is_the_last_fit);
   RUN(a_stitched_range_ends_in_a_larger_free_allocation_at_the_end);
   RUN(a_stitched_range_ends_in_a_larger_free_allocation_of_a_hole);
+  RUN(a_tail_in_a_partly_free_allocation_takes_only_what_whole_allocations_leave);
   RUN(little_in_the_holes_grows_the_arena_instead);
   RUN(growth_in_a_burst_takes_larger_steps);
   RUN(after_the_first_drop_a_request_of_12_MiB_or_more_grows_by_what_it_lacks);
