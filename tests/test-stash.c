@@ -962,12 +962,12 @@ TEST(a_stitched_range_ends_in_a_larger_free_allocation_of_a_hole) {
 }
 
 /* A tail in a partly free allocation is cut to what the head and the holes' whole
- * allocations leave: [A 100][B 30][C 100][E 60][D 4 + 16 free], with A's last 55 MiB, B and
- * C's first 40 one hole and E another. A 180 MiB request (larger than either) takes A's 55 as
- * its head, B and E whole, and C's first 33 as its tail: no new memory. Had the tail kept all
- * of C's 40, the range would have had room for 85 MiB between head and tail, E (60) would not
- * have fitted after B (30), and 54 MiB would have been grown beside it (loops2/llama_b8_frozen:
- * 180 MiB grown beside a free 192 MiB allocation). */
+ * allocations leave: [A 100][B 30][C 100][E 60][D 4 + 16 free], with A's last 56 MiB, B and
+ * C's first 40 one hole and E another. A 180 MiB request (larger than either) takes A's 56 as
+ * its head, B and E whole, and C's first 34 as its tail: no new memory. Had the tail kept all
+ * of C's 40, the range would have had room for 84 MiB between head and tail, E (60) would not
+ * have fitted after B (30), and new memory would have been grown beside it
+ * (loops2/llama_b8_frozen: 180 MiB grown beside a free 192 MiB allocation). */
 TEST(a_tail_in_a_partly_free_allocation_takes_only_what_whole_allocations_leave) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -997,12 +997,12 @@ TEST(a_tail_in_a_partly_free_allocation_takes_only_what_whole_allocations_leave)
   uint64_t creates = stash_sim_calls(f.sim, STASH_CALL_phys_create);
   size_t size = 180 * MiB;
   void* x = fx_alloc(&f, size, S1);
-  stitched_without_new_memory(&f, x, reserved, creates); /* the old way: 54 MiB more */
+  stitched_without_new_memory(&f, x, reserved, creates); /* the old way: new memory */
   CHECK_EQ(phys_of(&f, x, NULL), phys_of(&f, (char*)p[0] + 44 * MiB, NULL)); /* A's free end */
   CHECK(phys_overlap(&f, x, size, p[1], 30 * MiB));
   CHECK(phys_overlap(&f, x, size, p[3], 60 * MiB));
-  CHECK(phys_of(&f, (char*)x + size - 1, NULL) >= phys_of(&f, p[2], NULL)); /* ends in C ... */
-  CHECK(!phys_overlap(&f, x, size, c1, 60 * MiB)); /* ... before its used part */
+  CHECK_EQ(phys_of(&f, (char*)x + size - 1, NULL), phys_of(&f, p[2], NULL) + 34 * MiB - 1); /* C's 34 */
+  CHECK(!phys_overlap(&f, x, size, c1, 60 * MiB));
   CHECK(!phys_overlap(&f, x, size, a1, 44 * MiB));
   CHECK(phys_b != phys_e);
   CHECK_EQ(bytes_in_state(&f, STASH_BLOCK_LENT), size); /* exactly its bytes */
