@@ -93,17 +93,17 @@
  * only where it fits the count, and one larger than what is missing would lie free beside
  * new memory made for the same range); a tail in a partly free allocation gives only what
  * the head and the holes' whole allocations leave, so that none of those is skipped for want
- * of room between head and tail. A range for a request under 64 MiB has a head or a
- * tail in a hole only of 8 MiB or more, and none while a free cached range would hold the
- * request but is not free as it was: smaller edges would be a few MiB beside blocks of a few
- * MiB, which take them in the next turn, and a range remade turn after turn is a driver call
- * in the steady state (with edges of 6 MiB T5-base b5 calls 6 times in its second half;
- * Swin-T b24, whose 55.5 MiB range loses its head to the next step's blocks, 14 times with a
- * new range every step; docs/policy-stash.md, "Twenty-eighth session"). The range's memory in
- * use is lent to it: while the stitched block lives, it is carved out of its arenas as
- * "phantom" blocks, so no arena can hand it out twice; when it is freed it returns to them.
- * Small requests keep off the pages that a range maps - the small arena's, and the large
- * arena's when the small arena cannot fit them - while other memory fits them (the best
+ * of room between head and tail (not in a heap turned tight). A range for a request under
+ * 64 MiB has a head or a tail in a hole only of 8 MiB or more, and none while a free cached
+ * range would hold the request but is not free as it was: smaller edges would be a few MiB
+ * beside blocks of a few MiB, which take them in the next turn, and a range remade turn after
+ * turn is a driver call in the steady state (with edges of 6 MiB T5-base b5 calls 6 times in
+ * its second half; Swin-T b24, whose 55.5 MiB range loses its head to the next step's blocks,
+ * 14 times with a new range every step; docs/policy-stash.md, "Twenty-eighth session"). The
+ * range's memory in use is lent to it: while the stitched block lives, it is carved out of its
+ * arenas as "phantom" blocks, so no arena can hand it out twice; when it is freed it returns
+ * to them. Small requests keep off the pages that a range maps - the small arena's, and the
+ * large arena's when the small arena cannot fit them - while other memory fits them (the best
  * fitting block elsewhere, among the first 64; in the large arena, not its free end), and a
  * block freed on such a page is not kept in the fast path's cache: a range whose memory is
  * free again serves its block again without a new range. New allocations are mapped at the
@@ -1730,10 +1730,12 @@ static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, siz
  * the holes (largest hole first, skipping one that does not fit the room); a tail larger than
  * needed makes the room smaller, and a whole allocation that would have fitted is then
  * skipped for new memory: loops2/llama_b8_frozen's 26.6 MiB tail left a free 192 MiB
- * allocation out and grew 180 MiB (docs/policy-stash.md, "Thirty-fifth session"). */
+ * allocation out and grew 180 MiB. Not in a heap turned tight: at the device's limit it moved
+ * 27 traces' smallest device both ways (ninth/vgg16_b48 12 MiB larger, one more trace needing
+ * more than expandable segments; docs/policy-stash.md, "Thirty-fifth session"). */
 static sb_edge stitch_trim_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
                                 sb_edge tail) {
-  if (!tail.found) return tail;
+  if (!tail.found || S(h)->tight) return tail;
   uint32_t* taken = NULL;
   size_t holes = holes_give(h, slot, size, head_b, &taken) * G;
   if (!taken) return tail; /* without host memory to count them, the tail as found */
