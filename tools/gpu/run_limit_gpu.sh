@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
-# device tool sometimes gives): policy:stash at the device's limit, on the GPU itself.
+# On the device machine (one GPU: the H200 it was written for, or an H100 80GB - run on one in
+# the thirty-fifth session, docs/results/gpu-check-35-tail.md): policy:stash at the device's
+# limit, on the GPU itself.
 # Each trace is replayed through the CUDA provider under a memory fraction that leaves the
 # heap a given number of MiB, and on the simulated device with the same total memory and
 # fraction. Expected: the same out-of-memory count and peak reserved bytes on both, no

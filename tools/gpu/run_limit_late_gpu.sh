@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
-# device tool sometimes gives): the twenty-third session's rule at the device's limit -
-# a heap that first holds 90% of what it may hold after its first drop turns tight there.
+# On the device machine (one GPU: the H200 it was written for, or an H100 80GB - run on one in
+# the thirty-fifth session, docs/results/gpu-check-35-tail.md): the twenty-third session's
+# rule at the device's limit - a heap that first holds 90% of what it may hold after its first
+# drop turns tight there.
 # The five traces whose smallest device the rule lowered most (tools/min_capacity.py on the
 # simulated H200, +2 MiB), under policy:stash, through tools/gpu/run_limit_gpu.sh: expected
 # no out-of-memory error, the same peak reserved bytes on the GPU as simulated, and the
