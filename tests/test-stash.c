@@ -812,6 +812,23 @@ TEST(stitching_maps_whole_allocations_and_uses_their_free_part) {
   fx_close(&f);
 }
 
+/* With A (p[0]), B (p[1]) and C (p[2]) of 100, 30 and 100 MiB in a row: C's first c_free MiB
+ * freed (*c1 holds the rest of it), A's first a_used MiB taken (*a1), B freed - one hole of
+ * A's free end, B whole and C's free start: a head, a whole allocation and a tail. */
+static void edges_around_b(fixture_t* f, void* p[], size_t c_free, size_t a_used, void** a1,
+                           void** c1) {
+  fx_free(f, p[2]);
+  void* c0 = fx_alloc(f, c_free * MiB, S1); /* C's start ... */
+  *c1 = fx_alloc(f, (100 - c_free) * MiB, S1); /* ... and the rest */
+  CHECK_EQ(U(c0), U(p[2]));
+  CHECK_EQ(U(*c1), U(p[2]) + c_free * MiB);
+  fx_free(f, c0); /* C: only its first c_free MiB free */
+  fx_free(f, p[0]);
+  *a1 = fx_alloc(f, a_used * MiB, S1); /* A: only its last 100 - a_used MiB free */
+  CHECK_EQ(U(*a1), U(p[0]));
+  fx_free(f, p[1]);
+}
+
 /* A range may begin in an allocation of which only the end is free (a head) and end in one
  * of which only the start is free (a tail): here A's last 60 MiB, B whole, new memory, C's
  * first 30 MiB. It serves the same request again without a provider call - and also once a
@@ -821,16 +838,8 @@ TEST(stitching_begins_and_ends_in_partly_free_allocations) {
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* p[4];
   layout(&f, p, S1);
-  fx_free(&f, p[2]);
-  void* c0 = fx_alloc(&f, 30 * MiB, S1); /* C's start ... */
-  void* c1 = fx_alloc(&f, 70 * MiB, S1); /* ... and the rest */
-  CHECK_EQ(U(c0), U(p[2]));
-  CHECK_EQ(U(c1), U(p[2]) + 30 * MiB);
-  fx_free(&f, c0);                       /* C: only its first 30 MiB free */
-  fx_free(&f, p[0]);
-  void* a1 = fx_alloc(&f, 40 * MiB, S1); /* A: only its last 60 MiB free */
-  CHECK_EQ(U(a1), U(p[0]));
-  fx_free(&f, p[1]);                     /* one hole: A's 60, B's 30 (whole), C's 30 */
+  void *a1, *c1;
+  edges_around_b(&f, p, 30, 40, &a1, &c1); /* one hole: A's 60, B's 30 (whole), C's 30 */
   size_t size = 294 * MiB + 16 * KiB;    /* 60 + 30 + 206 new (103 pages) + 28 of C's 30 */
   void* x = fx_alloc(&f, size, S1);
   CHECK(find(&f, x).in_stitched);
@@ -981,16 +990,8 @@ TEST(a_tail_in_a_partly_free_allocation_takes_only_what_whole_allocations_leave)
   p[4] = fx_alloc(&f, 4 * MiB, S1); /* D: 4 MiB used, its last 16 the free end */
   CHECK_EQ(STAT(&f, segment, LARGE, current), 5);
   quiet(&f, S1);
-  fx_free(&f, p[2]);
-  void* c0 = fx_alloc(&f, 40 * MiB, S1); /* C's start ... */
-  void* c1 = fx_alloc(&f, 60 * MiB, S1); /* ... and the rest */
-  CHECK_EQ(U(c0), U(p[2]));
-  CHECK_EQ(U(c1), U(p[2]) + 40 * MiB);
-  fx_free(&f, c0);                       /* C: only its first 40 MiB free */
-  fx_free(&f, p[0]);
-  void* a1 = fx_alloc(&f, 44 * MiB, S1); /* A: only its last 56 MiB free */
-  CHECK_EQ(U(a1), U(p[0]));
-  fx_free(&f, p[1]); /* one hole of 126 MiB: A's 56, B whole, C's 40 */
+  void *a1, *c1;
+  edges_around_b(&f, p, 40, 44, &a1, &c1); /* one hole of 126 MiB: A's 56, B whole, C's 40 */
   fx_free(&f, p[3]); /* another of 60: E whole */
   uint64_t phys_b = phys_of(&f, p[1], NULL), phys_e = phys_of(&f, p[3], NULL);
   int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
