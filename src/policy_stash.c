@@ -1696,12 +1696,15 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
  * takes the largest that fit the count, and the count is what they gave), never this one (it
  * did not fit then). VGG's later steps, whose ranges took new memory beside such allocations:
  * 10-65 MB less reserved and 9-38% less driver time (docs/policy-stash.md, "Thirty-second
- * session"). */
-static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b) {
+ * session"). *holes, unless NULL: the bytes those whole allocations give, counted here for
+ * stitch_trim_tail (SIZE_MAX when there was no host memory to count them). */
+static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+                                size_t* holes) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
   uint32_t* taken = NULL;
   size_t got = holes_give(h, slot, size, head_b, &taken);
+  if (holes) *holes = taken ? got * G : SIZE_MAX;
   if (!taken) return none; /* no such tail: new memory, as before */
   if (head_b + got * G >= size) {
     free(taken);
@@ -1725,21 +1728,19 @@ static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, siz
 }
 
 /* A tail found in a partly free allocation (stitch_edges), cut to what the head of head_b
- * bytes and the holes' whole allocations leave of `size` - none when they cover it. The
- * range's middle is the room the head and the tail leave, filled with whole allocations of
- * the holes (largest hole first, skipping one that does not fit the room); a tail larger than
- * needed makes the room smaller, and a whole allocation that would have fitted is then
- * skipped for new memory: loops2/llama_b8_frozen's 26.6 MiB tail left a free 192 MiB
- * allocation out and grew 180 MiB. Not in a heap turned tight: at the device's limit it moved
- * 27 traces' smallest device both ways (ninth/vgg16_b48 12 MiB larger, one more trace needing
- * more than expandable segments; docs/policy-stash.md, "Thirty-fifth session"). */
-static sb_edge stitch_trim_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+ * bytes and the holes' whole allocations (`holes` bytes, as stitch_hole_tail counted them;
+ * SIZE_MAX: not counted) leave of `size` - none when they cover it. The range's middle is the
+ * room the head and the tail leave, filled with whole allocations of the holes (largest hole
+ * first, skipping one that does not fit the room); a tail larger than needed makes the room
+ * smaller, and a whole allocation that would have fitted is then skipped for new memory:
+ * loops2/llama_b8_frozen's 26.6 MiB tail left a free 192 MiB allocation out and grew 180 MiB.
+ * Not in a heap turned tight: at the device's limit it moved 27 traces' smallest device both
+ * ways (ninth/vgg16_b48 12 MiB larger, one more trace needing more than expandable segments;
+ * docs/policy-stash.md, "Thirty-fifth session"). */
+static sb_edge stitch_trim_tail(stash_heap_t* h, size_t size, size_t head_b, size_t holes,
                                 sb_edge tail) {
-  if (!tail.found || S(h)->tight) return tail;
-  uint32_t* taken = NULL;
-  size_t holes = holes_give(h, slot, size, head_b, &taken) * G;
-  if (!taken) return tail; /* without host memory to count them, the tail as found */
-  free(taken);
+  /* without host memory to count the holes' allocations, the tail as found */
+  if (!tail.found || S(h)->tight || holes == SIZE_MAX) return tail;
   if (head_b + holes >= size) return (sb_edge){false, 0, 0};
   if (head_b + holes + tail.bytes > size) tail.bytes = size - head_b - holes;
   return tail;
@@ -1838,7 +1839,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   if (at_end >= need) {
     hd.found = tl.found = false; /* no new memory: no head or tail either */
   } else if (cover_only) { /* free memory covers it with a tail in a hole, or grow instead */
-    tl = stitch_hole_tail(h, slot, size, 0); /* no head: edges are not looked for here */
+    tl = stitch_hole_tail(h, slot, size, 0, NULL); /* no head: edges are not looked for here */
     if (!tl.found) {
       free(homes);
       *out = NULL;
@@ -1852,8 +1853,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (end.found) {
       tl = end;
     } else {
-      sb_edge hole = stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0);
-      tl = hole.found ? hole : stitch_trim_tail(h, slot, size, hd.found ? hd.bytes : 0, tl);
+      size_t holes = SIZE_MAX;
+      sb_edge hole = stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0, &holes);
+      tl = hole.found ? hole : stitch_trim_tail(h, size, hd.found ? hd.bytes : 0, holes, tl);
     }
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
