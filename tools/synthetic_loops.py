@@ -7,8 +7,15 @@ stash-replay binaries and counts where the first does better or worse: peak rese
 provider calls in the second half of the trace (the steady state).
 
   tools/synthetic_loops.py A_STASH_REPLAY B_STASH_REPLAY [--seeds 600] [--life turn|long]
+                           [--mixed] [--show-seeds]
 
 --life turn: lifetimes of at most one turn's allocations; long (default): up to two more.
+--mixed: instead, 10 turns of 4-10 blocks of 3-200 MiB (lifetimes up to two more), and 1-3
+small ones (256-1000 KiB, each after one of the large ones, freed 1..2x large allocations
+later) that come in a turn or not, at random (probability 0.3-0.7): they take large-arena
+memory where turn replay would have placed a block, so hints miss now and then, as on the
+recorded Swin and ViT runs (docs/policy-stash.md, "Thirty-sixth session").
+--show-seeds: print each loop on which A and B differ.
 The seeds make it repeatable (Python's random.Random).
 """
 import argparse
@@ -41,6 +48,36 @@ def loop(seed, long_lives):
         "0,00:00:00.%06d,%s,0x%x,%d,0x0\n" % (i, a, p, s) for i, (a, p, s) in enumerate(rows))
 
 
+def mixed_loop(seed):
+    r = random.Random(seed)
+    k = r.randint(4, 10)
+    sizes = [r.choice([3, 5, 10, 24, 40, 60, 100, 150, 200]) * MiB for _ in range(k)]
+    lives = [r.randint(1, k + 2) for _ in range(k)]
+    nsmall = r.randint(1, 3)
+    small_at = [r.randrange(k) for _ in range(nsmall)]
+    small_size = [r.choice([256, 512, 768, 1000]) * 1024 for _ in range(nsmall)]
+    small_life = [r.randint(1, 2 * k) for _ in range(nsmall)]
+    p_small = r.choice([0.3, 0.5, 0.7])
+    rows, pending, n, ptr = [], [], 0, 0x1000
+    for _ in range(10):
+        for i in range(k):
+            ptr += 0x100000
+            rows.append(("allocate", ptr, sizes[i]))
+            pending.append((n + lives[i], ptr, sizes[i]))
+            for j in range(nsmall):
+                if small_at[j] == i and r.random() < p_small:
+                    ptr += 0x100000
+                    rows.append(("allocate", ptr, small_size[j]))
+                    pending.append((n + small_life[j], ptr, small_size[j]))
+            n += 1
+            for due in [p for p in pending if p[0] <= n]:
+                rows.append(("free", due[1], due[2]))
+                pending.remove(due)
+    rows += [("free", p[1], p[2]) for p in pending]
+    return "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
+        "0,00:00:00.%06d,%s,0x%x,%d,0x0\n" % (i, a, p, s) for i, (a, p, s) in enumerate(rows))
+
+
 def replay(exe, path):
     o = json.loads(subprocess.run([exe, "--json", "--conf", "policy:stash", path],
                                   capture_output=True, text=True, check=True).stdout)
@@ -54,6 +91,8 @@ def main():
     ap.add_argument("b")
     ap.add_argument("--seeds", type=int, default=600)
     ap.add_argument("--life", choices=("turn", "long"), default="long")
+    ap.add_argument("--mixed", action="store_true")
+    ap.add_argument("--show-seeds", action="store_true")
     args = ap.parse_args()
     count = {"reserved lower": 0, "reserved higher": 0, "late fewer": 0, "late more": 0}
     late = util_a = util_b = 0.0
@@ -61,8 +100,11 @@ def main():
         path = os.path.join(d, "loop.csv")
         for seed in range(args.seeds):
             with open(path, "w") as f:
-                f.write(loop(seed, args.life == "long"))
+                f.write(mixed_loop(seed) if args.mixed else loop(seed, args.life == "long"))
             a, b = replay(args.a, path), replay(args.b, path)
+            if args.show_seeds and a[:2] != b[:2]:
+                print("seed %d: A %d bytes, %d late calls; B %d bytes, %d late calls"
+                      % (seed, a[0], a[1], b[0], b[1]))
             count["reserved lower"] += a[0] < b[0]
             count["reserved higher"] += a[0] > b[0]
             count["late fewer"] += a[1] < b[1]
@@ -71,7 +113,7 @@ def main():
             util_a += a[2]
             util_b += b[2]
     n = args.seeds
-    print("%d loops (lifetimes: %s): A against B" % (n, args.life))
+    print("%d loops (%s): A against B" % (n, "mixed" if args.mixed else "lifetimes: " + args.life))
     for k, v in count.items():
         print("  %-16s %d" % (k, v))
     print("  second-half calls, A minus B: %+d" % late)
