@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine (one GPU: the H200 it was written for, or an H100 80GB - run on one in
-# the thirty-fifth session, docs/results/gpu-check-35-tail.md): the twenty-third session's
+# the thirty-fifth and thirty-sixth sessions, docs/results/gpu-check-35-tail.md and
+# gpu-check-36-limit.md): the twenty-third session's
 # rule at the device's limit - a heap that first holds 90% of what it may hold after its first
 # drop turns tight there.
 # The five traces whose smallest device the rule lowered most (tools/min_capacity.py on the
