@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
-# device tool sometimes gives): PyTorch and CuPy on stash. Builds stash, then trains
+# On the device machine (one GPU: the H200 it was written for, or an H100 80GB - run on one in
+# the thirty-sixth session, docs/results/gpu-h100-36.md): PyTorch and CuPy on stash. Builds stash, then trains
 # ResNet-50 and GPT-2 for 20 steps with PyTorch's allocator and with stash under each
 # setting (one process each), runs a CuPy workload on CuPy's pool and on stash, renders a
 # stash snapshot with PyTorch's memory viewer, and writes $OUT/plugins/summary.md.

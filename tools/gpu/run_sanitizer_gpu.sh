@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB the
-# device tool sometimes gives): stash's memory under NVIDIA's compute-sanitizer (memcheck:
+# On the device machine (one GPU: the H200 it was written for, or an H100 80GB - run on one in
+# the thirty-sixth session, docs/results/gpu-h100-36.md): stash's memory under NVIDIA's compute-sanitizer (memcheck:
 # every kernel's and every CUDA call's device memory access checked against the allocations
 # the driver knows, virtual memory mappings included). Runs
 #   - test-cuda (patterns written and read back through reuse, splits, stitched ranges,

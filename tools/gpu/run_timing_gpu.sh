@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the device machine (one GPU: the H200 it was written for; not yet run on the H100 80GB
-# the device tool sometimes gives; timings compare only on one card): step times of ResNet-50
+# On the device machine (one GPU: the H200 it was written for, or an H100 80GB - run on one in
+# the thirty-sixth session, docs/results/gpu-h100-36.md; timings compare only on one card): step times of ResNet-50
 # and GPT-2 under PyTorch's allocator and stash, interleaved (A B A B ...) so that drifts of
 # the machine fall on both; ROUNDS rounds (default 2) of STEPS steps (default 30) for each
 # model in MODELS (default "resnet50 gpt2"); then the cost of one tensor alloc+free
