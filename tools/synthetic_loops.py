@@ -28,17 +28,17 @@ import tempfile
 MiB = 1 << 20
 
 
-def loop(seed, long_lives):
-    r = random.Random(seed)
-    k = r.randint(3, 7)
-    sizes = [r.choice([24, 40, 60, 100, 150]) * MiB for _ in range(k)]
-    lives = [r.randint(1, k + 2 if long_lives else k) for _ in range(k)]
+def csv_log(turns, sizes, lives, after=lambda i: ()):
+    """An RMM CSV log of `turns` turns of large blocks of `sizes`, each freed lives[i] large
+    allocations later; after(i): (size, life) of the blocks allocated right after large block
+    i in this turn (life in large allocations too)."""
     rows, pending, n, ptr = [], [], 0, 0x1000
-    for _ in range(8):
-        for i in range(k):
-            ptr += 0x100000
-            rows.append(("allocate", ptr, sizes[i]))
-            pending.append((n + lives[i], ptr, sizes[i]))
+    for _ in range(turns):
+        for i in range(len(sizes)):
+            for size, life in [(sizes[i], lives[i])] + list(after(i)):
+                ptr += 0x100000
+                rows.append(("allocate", ptr, size))
+                pending.append((n + life, ptr, size))
             n += 1
             for due in [p for p in pending if p[0] <= n]:
                 rows.append(("free", due[1], due[2]))
@@ -46,6 +46,14 @@ def loop(seed, long_lives):
     rows += [("free", p[1], p[2]) for p in pending]
     return "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
         "0,00:00:00.%06d,%s,0x%x,%d,0x0\n" % (i, a, p, s) for i, (a, p, s) in enumerate(rows))
+
+
+def loop(seed, long_lives):
+    r = random.Random(seed)
+    k = r.randint(3, 7)
+    sizes = [r.choice([24, 40, 60, 100, 150]) * MiB for _ in range(k)]
+    lives = [r.randint(1, k + 2 if long_lives else k) for _ in range(k)]
+    return csv_log(8, sizes, lives)
 
 
 def mixed_loop(seed):
@@ -58,24 +66,9 @@ def mixed_loop(seed):
     small_size = [r.choice([256, 512, 768, 1000]) * 1024 for _ in range(nsmall)]
     small_life = [r.randint(1, 2 * k) for _ in range(nsmall)]
     p_small = r.choice([0.3, 0.5, 0.7])
-    rows, pending, n, ptr = [], [], 0, 0x1000
-    for _ in range(10):
-        for i in range(k):
-            ptr += 0x100000
-            rows.append(("allocate", ptr, sizes[i]))
-            pending.append((n + lives[i], ptr, sizes[i]))
-            for j in range(nsmall):
-                if small_at[j] == i and r.random() < p_small:
-                    ptr += 0x100000
-                    rows.append(("allocate", ptr, small_size[j]))
-                    pending.append((n + small_life[j], ptr, small_size[j]))
-            n += 1
-            for due in [p for p in pending if p[0] <= n]:
-                rows.append(("free", due[1], due[2]))
-                pending.remove(due)
-    rows += [("free", p[1], p[2]) for p in pending]
-    return "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
-        "0,00:00:00.%06d,%s,0x%x,%d,0x0\n" % (i, a, p, s) for i, (a, p, s) in enumerate(rows))
+    return csv_log(10, sizes, lives, lambda i: [
+        (small_size[j], small_life[j]) for j in range(nsmall)
+        if small_at[j] == i and r.random() < p_small])
 
 
 def replay(exe, path):
