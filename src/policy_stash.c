@@ -1649,15 +1649,20 @@ static void stitch_edges(stash_heap_t* h, uint32_t slot, size_t size, bool press
   *tl = stitch_edge(h, slot, false, hd->found ? hd->handle : SIZE_MAX, least);
 }
 
-/* The pages the holes' whole allocations give a new range of `size` bytes after a head of
- * head_b bytes (stitch_from_free), in a buffer of their own, *taken, that the caller frees -
- * the caller's holds the pages it has picked; how many. Without host memory for it, *taken is
- * NULL and the count 0. */
-static size_t holes_give(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
-                         uint32_t** taken) {
+/* The whole free allocations the holes give a new range of `size` bytes after a head of
+ * head_b bytes (stitch_from_free): their first pages, in a buffer of their own that the caller
+ * frees (taken), and how many (got). Without host memory for the buffer, taken is NULL and
+ * got 0. Counted once per range for both tails below. */
+typedef struct sb_holes_s {
+  uint32_t* taken;
+  size_t got;
+} sb_holes;
+
+static sb_holes holes_give(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b) {
   size_t n = (size - head_b) / G;
-  *taken = malloc((n ? n : 1) * sizeof **taken);
-  return *taken ? stitch_from_free(h, slot, n, *taken) : 0;
+  sb_holes g = {malloc((n ? n : 1) * sizeof(uint32_t)), 0};
+  if (g.taken) g.got = stitch_from_free(h, slot, n, g.taken);
+  return g;
 }
 
 /* For a new range that would otherwise take new memory after a head of head_b bytes: the
@@ -1669,8 +1674,8 @@ static size_t holes_give(stash_heap_t* h, uint32_t slot, size_t size, size_t hea
  * the count), and the range would map new memory beside a free one that could have served
  * it. Not taken when a tail found elsewhere is as large. (Without host memory to count the
  * holes' pages, no such tail: the range takes new memory, as it would have.) */
-static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
-                               const sb_edge* tail) {
+static sb_edge stitch_end_tail(stash_heap_t* h, size_t size, size_t head_b,
+                               const sb_holes* given, uint32_t slot, const sb_edge* tail) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
   const sb_block* t = a->last;
@@ -1679,10 +1684,8 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
   for (size_t i = whole_handles_from(h, a, t, &hi); whole_handle_in(a, i, hi); i++)
     if (a->handles[i].npages * G > bytes) best = i, bytes = a->handles[i].npages * G;
   if (best == SIZE_MAX || (tail->found && bytes <= tail->bytes)) return none;
-  uint32_t* taken = NULL;
-  size_t holes = holes_give(h, slot, size, head_b, &taken) * G;
-  if (!taken) return none;
-  free(taken);
+  if (!given->taken) return none;
+  size_t holes = given->got * G;
   if (head_b + holes >= size || head_b + holes + bytes < size) return none;
   return (sb_edge){true, best, size - head_b - holes};
 }
@@ -1696,20 +1699,14 @@ static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size
  * takes the largest that fit the count, and the count is what they gave), never this one (it
  * did not fit then). VGG's later steps, whose ranges took new memory beside such allocations:
  * 10-65 MB less reserved and 9-38% less driver time (docs/policy-stash.md, "Thirty-second
- * session"). *holes, unless NULL: the bytes those whole allocations give, counted here for
- * stitch_trim_tail (SIZE_MAX when there was no host memory to count them). */
-static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
-                                size_t* holes) {
+ * session"). `given`: holes_give's count for this size and head. */
+static sb_edge stitch_hole_tail(stash_heap_t* h, size_t size, size_t head_b,
+                                const sb_holes* given, uint32_t slot) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
-  uint32_t* taken = NULL;
-  size_t got = holes_give(h, slot, size, head_b, &taken);
-  if (holes) *holes = taken ? got * G : SIZE_MAX;
-  if (!taken) return none; /* no such tail: new memory, as before */
-  if (head_b + got * G >= size) {
-    free(taken);
-    return none;
-  }
+  size_t got = given->got;
+  if (!given->taken) return none; /* no such tail: new memory, as before */
+  if (head_b + got * G >= size) return none;
   size_t missing = size - head_b - got * G, best = SIZE_MAX, bytes = SIZE_MAX;
   for (bs_node_t* nd = _stash_bs_first(&a->by_addr); nd; nd = _stash_bs_next(nd)) {
     const sb_block* b = FROM_ANODE(nd);
@@ -1719,16 +1716,16 @@ static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, siz
       size_t nb = a->handles[i].npages * G;
       if (nb <= missing || nb >= bytes) continue;
       bool in = false;
-      for (size_t k = 0; k < got && !in; k++) in = taken[k] == (uint32_t)a->handles[i].first_page;
+      for (size_t k = 0; k < got && !in; k++)
+        in = given->taken[k] == (uint32_t)a->handles[i].first_page;
       if (!in) best = i, bytes = nb;
     }
   }
-  free(taken);
   return best == SIZE_MAX ? none : (sb_edge){true, best, missing};
 }
 
 /* A tail found in a partly free allocation (stitch_edges), cut to what the head of head_b
- * bytes and the holes' whole allocations (`holes` bytes, as stitch_hole_tail counted them;
+ * bytes and the holes' whole allocations (`holes` bytes, as holes_give counted them;
  * SIZE_MAX: not counted) leave of `size` - none when they cover it. The range's middle is the
  * room the head and the tail leave, filled with whole allocations of the holes (largest hole
  * first, skipping one that does not fit the room); a tail larger than needed makes the room
@@ -1839,7 +1836,9 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
   if (at_end >= need) {
     hd.found = tl.found = false; /* no new memory: no head or tail either */
   } else if (cover_only) { /* free memory covers it with a tail in a hole, or grow instead */
-    tl = stitch_hole_tail(h, slot, size, 0, NULL); /* no head: edges are not looked for here */
+    sb_holes given = holes_give(h, slot, size, 0); /* no head: edges are not looked for here */
+    tl = stitch_hole_tail(h, size, 0, &given, slot);
+    free(given.taken);
     if (!tl.found) {
       free(homes);
       *out = NULL;
@@ -1849,14 +1848,17 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (!edges_known) stitch_edges(h, slot, size, pressed, cached, &hd, &tl);
     if (hd.found && hd.bytes >= size) hd.found = false; /* best fit would have fitted */
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
-    sb_edge end = stitch_end_tail(h, slot, size, hd.found ? hd.bytes : 0, &tl);
+    size_t head_b = hd.found ? hd.bytes : 0;
+    sb_holes given = holes_give(h, slot, size, head_b);
+    sb_edge end = stitch_end_tail(h, size, head_b, &given, slot, &tl);
     if (end.found) {
       tl = end;
     } else {
-      size_t holes = SIZE_MAX;
-      sb_edge hole = stitch_hole_tail(h, slot, size, hd.found ? hd.bytes : 0, &holes);
-      tl = hole.found ? hole : stitch_trim_tail(h, size, hd.found ? hd.bytes : 0, holes, tl);
+      sb_edge hole = stitch_hole_tail(h, size, head_b, &given, slot);
+      tl = hole.found ? hole
+                      : stitch_trim_tail(h, size, head_b, given.taken ? given.got * G : SIZE_MAX, tl);
     }
+    free(given.taken);
   }
   size_t head_b = hd.found ? hd.bytes : 0, tail_b = tl.found ? tl.bytes : 0;
   size_t lead = hd.found ? a->handles[hd.handle].npages : 0;
