@@ -358,6 +358,8 @@ struct sb_arena_s {
   sb_block* last;
   size_t grow_bytes;
   size_t nlazy;       /* physical allocations not yet usable at their arena address */
+  size_t lazy_from;   /* no page below it is in one of those (a bound, not always the least):
+                         most blocks lie below all of them, and arena_ready skips its search */
   size_t released;    /* bytes of H_RELEASED allocations: in mapped, not reserved */
   size_t nreleased;   /* ... and how many */
   uint32_t* ranged;   /* [page]: how many stitched ranges map that page of the arena */
@@ -915,6 +917,7 @@ keep:
     a->last_grow_pages = pages;
     a->allocs_at_last_grow = s->nallocs;
   }
+  if (lazy && k && (!a->nlazy || hs[0].first_page < a->lazy_from)) a->lazy_from = hs[0].first_page;
   a->nhandles += k;
   if (lazy) a->nlazy += k;
   a->mapped += pages * G;
@@ -1212,8 +1215,8 @@ static size_t handle_after(const sb_arena* a, size_t p) {
  * and not yet mapped at their arena address. On an error nothing is handed out; what was
  * mapped stays mapped (and an allocation mapped but refused access is retried next time). */
 static stash_status_t arena_ready(stash_heap_t* h, sb_arena* a, uint64_t ptr, size_t size) {
-  if (!a->nlazy) return STASH_OK;
   size_t lo = (size_t)(ptr - a->base) / G, hi = (size_t)(ptr + size - a->base + G - 1) / G;
+  if (!a->nlazy || hi <= a->lazy_from) return STASH_OK;
   for (size_t i = handle_after(a, lo); i < a->nhandles && a->handles[i].first_page < hi; i++) {
     sb_handle* hd = &a->handles[i];
     if (hd->access == H_READY) continue;
@@ -2658,6 +2661,8 @@ static stash_status_t sb_check(stash_heap_t* h) {
                a->base + hd->first_page * G);
       } else {
         nlazy += hd->access != H_READY;
+        if (hd->access != H_READY && hd->first_page < a->lazy_from)
+          FAIL("an allocation not yet usable in its arena lies below the arena's bound for them");
       }
     }
     if (nlazy != a->nlazy) FAIL("an arena's count of unmapped allocations is wrong");
