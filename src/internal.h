@@ -93,6 +93,7 @@ typedef struct ptrmap_s {
   void** values;
   size_t cap;     /* power of two */
   size_t count;
+  unsigned shift; /* 64 - log2(cap): a key's home slot is the top bits of its product */
 } ptrmap_t;
 
 STASH_HIDDEN void _stash_ptrmap_init(ptrmap_t* m);

@@ -208,6 +208,38 @@ TEST(ptrmap_put_get_take) {
   _stash_ptrmap_free(&m);
 }
 
+/* The longest run of occupied slots: what a lookup that misses may have to walk. */
+static size_t longest_run(const ptrmap_t* m) {
+  size_t best = 0, run = 0;
+  for (size_t i = 0; i < 2 * m->cap; i++) { /* twice round: a run may wrap */
+    run = m->keys[i & (m->cap - 1)] ? run + 1 : 0;
+    if (run > best) best = run;
+  }
+  return best < m->cap ? best : m->cap;
+}
+
+/* Keys that differ only in their high bits - virtual ranges reserved 4 GiB apart, pages
+ * 2 MiB apart in a high address range - spread over the table as 512-byte steps do: the
+ * home slot comes from every bit of the key. (Slots taken from the product's bits 17 and up,
+ * as before the thirty-seventh session, put the 4 GiB keys all in one slot: a run of 2000.) */
+TEST(ptrmap_spreads_high_bit_keys) {
+  for (int pattern = 0; pattern < 3; pattern++) {
+    ptrmap_t m;
+    _stash_ptrmap_init(&m);
+    for (uint64_t i = 1; i <= 2000; i++) {
+      uint64_t key = pattern == 0 ? i << 32 : pattern == 1 ? 0x7f0000000000ull + (i << 21) : i * 512;
+      CHECK_OK(_stash_ptrmap_put(&m, key, (void*)(uintptr_t)i));
+    }
+    CHECK_EQ(m.count, 2000);
+    CHECK(longest_run(&m) <= 32);
+    for (uint64_t i = 1; i <= 2000; i++) {
+      uint64_t key = pattern == 0 ? i << 32 : pattern == 1 ? 0x7f0000000000ull + (i << 21) : i * 512;
+      CHECK(_stash_ptrmap_get(&m, key) == (void*)(uintptr_t)i);
+    }
+    _stash_ptrmap_free(&m);
+  }
+}
+
 TEST(slab_reuses_objects) {
   slab_t s;
   _stash_slab_init(&s, 40);
@@ -227,6 +259,7 @@ int main(void) {
   RUN(replace_takes_the_place_of_a_node);
   RUN(a_keyed_set_orders_by_its_fields);
   RUN(ptrmap_put_get_take);
+  RUN(ptrmap_spreads_high_bit_keys);
   RUN(slab_reuses_objects);
   TEST_MAIN_END();
 }
