@@ -8,7 +8,8 @@ tight), it runs out of memory: its pieces of up to 192 MiB leave free memory in 
 live block still holds. ResNet-34 b112 completes on expandable segments' smallest device,
 where stitching small requests at the limit made it fail. Then tools/min_capacity.py itself:
 the boundary it reports completes
-and 2 MiB less does not, larger devices complete too, and bad arguments are refused.
+and 2 MiB less does not, larger devices complete too, the capacities it tries do not depend on
+the configuration's own peak, and bad arguments are refused.
 
   test_device_limit.py TOOL STASH_REPLAY DATA_DIR
 """
@@ -29,6 +30,45 @@ def replay(exe, trace, conf, capacity):
     if p.returncode:
         raise SystemExit("stash-replay failed: " + p.stderr)
     return json.loads(p.stdout.splitlines()[0])
+
+
+def search_ignores_own_peak(tool):
+    """min_capacity's search tries capacities that depend on the trace's peak live bytes only:
+    two builds that fail and complete at the same capacities, but whose unconstrained peaks
+    differ, get the same answer from the same replays - also where failing capacities lie
+    above completing ones (thirteenth/vgg11_b128: 5646-5680 MiB complete, 5720-5790 fail).
+    A search started from each build's own peak found 5646 for one and 5796 for the other."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(tool)))
+    import min_capacity as mc
+    live = 5600 * MiB + 12345
+
+    def completes(c):  # a non-monotonic allocator at its limit
+        return c >= 5646 * MiB and not 5720 * MiB <= c < 5792 * MiB
+
+    found = {}
+    for peak in (5784, 5806):  # MiB: the two builds' unconstrained peaks
+        tried = []
+
+        def fake(exe, trace, conf, capacity=None, env=None, peak=peak, tried=tried):
+            if capacity is None:
+                return {"peak_live_bytes": live, "peak_reserved_bytes": peak * MiB, "ooms": 0}
+            tried.append(capacity)
+            return {"ooms": 0 if completes(capacity) else 3}
+
+        real, mc.replay = mc.replay, fake
+        try:
+            m, _, _, runs = mc.min_capacity("stash-replay", "trace", "conf")
+        finally:
+            mc.replay = real
+        found[peak] = (m, tried)
+    (m1, t1), (m2, t2) = found[5784], found[5806]
+    bad = []
+    if t1 != t2 or m1 != m2:
+        bad.append("min_capacity's search depends on the build's own peak: %r MiB after %d "
+                   "replays, %r MiB after %d" % (m1 and m1 // MiB, len(t1), m2 and m2 // MiB, len(t2)))
+    elif not (completes(m1) and not completes(m1 - 2 * MiB) and m1 % (2 * MiB) == 0):
+        bad.append("min_capacity's boundary %r is not one" % m1)
+    return bad
 
 
 def main():
@@ -88,6 +128,7 @@ def main():
             for more in (2, 16, 64):
                 if replay(exe, path, conf, m + more * MiB)["ooms"]:
                     bad.append("%s: fails %d MiB above its boundary" % (conf, more))
+    bad += search_ignores_own_peak(tool)
     for args, needle in (([], "give traces or --sets"), (["--sets", "nosuchset"], "nosuchset")):
         p = subprocess.run([sys.executable, tool, "--replay", exe] + args, capture_output=True,
                            text=True)

@@ -6,10 +6,12 @@ device with room to spare.
 
   tools/min_capacity.py [--conf STR]... [--sets S,S...] [--jobs N] [--json] [TRACE...]
 
-For each trace and configuration, `stash-replay --capacity C` is run for C between the
-trace's peak live bytes and the configuration's peak reserved without a limit (or above it,
-if even that fails), in 2 MiB steps, by bisection: the result is a capacity at which the
-replay makes no out-of-memory error and 2 MiB less makes one. An allocator under pressure
+For each trace and configuration, `stash-replay --capacity C` is run for C from the trace's
+peak live bytes up, in 2 MiB steps, by bisection over a span that depends on peak live alone
+(a power of two of 2 MiB steps, at least a quarter of peak live, doubled while it fails): the
+result is a capacity at which the replay makes no out-of-memory error and 2 MiB less makes
+one, found by the same capacities tried for every configuration and build until their
+replays differ. An allocator under pressure
 need not be monotonic (a cache flush reshapes what follows), so it is a boundary found, not a
 promise for every larger capacity; on the four shared traces every capacity up to 64 MiB
 above it completes (tests/test_device_limit.py checks a few).
@@ -48,24 +50,36 @@ def replay(exe, trace, conf, capacity=None, env=None):
 
 
 def min_capacity(exe, trace, conf):
-    """(smallest capacity found, peak live, unconstrained peak reserved, replays run)."""
+    """(smallest capacity found, peak live, unconstrained peak reserved, replays run).
+
+    The capacities tried depend on the trace's peak live bytes only, never on the
+    configuration's own peak: a span of 2 MiB times a power of two above peak live (at least
+    a quarter of peak live, doubled while its end fails), then bisection on that dyadic grid.
+    Two builds (or configurations) therefore try the same capacities until their replays
+    differ, so a difference between them comes from the rules, not from where each search
+    began: an allocator under pressure need not be monotonic, and a search started from each
+    build's own peak could land on either side of a band of failing capacities (thirty-sixth
+    session: thirteenth/vgg11_b128 completes on 5646-5680 MiB and fails on 5720-5790 under
+    two builds whose unconstrained peaks differ by 22 MiB)."""
     free = replay(exe, trace, conf)
     live, reserved = free["peak_live_bytes"], free["peak_reserved_bytes"]
     lo = live // PAGE * PAGE  # fails (or is the answer, checked below)
-    hi = -(-reserved // PAGE) * PAGE
+    span = PAGE
+    while span * 4 < live:
+        span *= 2
     runs = 1
-    step = PAGE
-    while replay(exe, trace, conf, hi)["ooms"]:  # under pressure it may need more
+    while replay(exe, trace, conf, lo + span)["ooms"]:  # under pressure it may need more
         runs += 1
-        lo, hi, step = hi, hi + step, 2 * step
-        if hi > 4 * reserved + PAGE:
+        if span > 4 * live + PAGE:
             return None, live, reserved, runs
+        span *= 2
+    hi = lo + span
     runs += 1
     if replay(exe, trace, conf, lo)["ooms"] == 0:
         return lo, live, reserved, runs + 1
     runs += 1
     while hi - lo > PAGE:
-        mid = (lo + hi) // 2 // PAGE * PAGE
+        mid = lo + (hi - lo) // 2  # on the grid: hi - lo is 2 MiB times a power of two
         runs += 1
         if replay(exe, trace, conf, mid)["ooms"] == 0:
             hi = mid
