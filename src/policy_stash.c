@@ -1677,8 +1677,8 @@ static sb_holes holes_give(stash_heap_t* h, uint32_t slot, size_t size, size_t h
  * the count), and the range would map new memory beside a free one that could have served
  * it. Not taken when a tail found elsewhere is as large. (Without host memory to count the
  * holes' pages, no such tail: the range takes new memory, as it would have.) */
-static sb_edge stitch_end_tail(stash_heap_t* h, size_t size, size_t head_b,
-                               const sb_holes* given, uint32_t slot, const sb_edge* tail) {
+static sb_edge stitch_end_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+                               const sb_holes* given, const sb_edge* tail) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
   const sb_block* t = a->last;
@@ -1703,8 +1703,8 @@ static sb_edge stitch_end_tail(stash_heap_t* h, size_t size, size_t head_b,
  * did not fit then). VGG's later steps, whose ranges took new memory beside such allocations:
  * 10-65 MB less reserved and 9-38% less driver time (docs/policy-stash.md, "Thirty-second
  * session"). `given`: holes_give's count for this size and head. */
-static sb_edge stitch_hole_tail(stash_heap_t* h, size_t size, size_t head_b,
-                                const sb_holes* given, uint32_t slot) {
+static sb_edge stitch_hole_tail(stash_heap_t* h, uint32_t slot, size_t size, size_t head_b,
+                                const sb_holes* given) {
   sb_arena* a = &S(h)->arenas[1];
   sb_edge none = {false, 0, 0};
   size_t got = given->got;
@@ -1840,7 +1840,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     hd.found = tl.found = false; /* no new memory: no head or tail either */
   } else if (cover_only) { /* free memory covers it with a tail in a hole, or grow instead */
     sb_holes given = holes_give(h, slot, size, 0); /* no head: edges are not looked for here */
-    tl = stitch_hole_tail(h, size, 0, &given, slot);
+    tl = stitch_hole_tail(h, slot, size, 0, &given);
     free(given.taken);
     if (!tl.found) {
       free(homes);
@@ -1853,11 +1853,11 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
     if (tl.found && (hd.found ? hd.bytes : 0) + tl.bytes >= size + G) tl.found = false;
     size_t head_b = hd.found ? hd.bytes : 0;
     sb_holes given = holes_give(h, slot, size, head_b);
-    sb_edge end = stitch_end_tail(h, size, head_b, &given, slot, &tl);
+    sb_edge end = stitch_end_tail(h, slot, size, head_b, &given, &tl);
     if (end.found) {
       tl = end;
     } else {
-      sb_edge hole = stitch_hole_tail(h, size, head_b, &given, slot);
+      sb_edge hole = stitch_hole_tail(h, slot, size, head_b, &given);
       tl = hole.found ? hole
                       : stitch_trim_tail(h, size, head_b, given.taken ? given.got * G : SIZE_MAX, tl);
     }

@@ -57,7 +57,7 @@ def search_ignores_own_peak(tool):
 
         real, mc.replay = mc.replay, fake
         try:
-            m, _, _, runs = mc.min_capacity("stash-replay", "trace", "conf")
+            m = mc.min_capacity("stash-replay", "trace", "conf")[0]
         finally:
             mc.replay = real
         found[peak] = (m, tried)
