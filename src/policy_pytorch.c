@@ -1017,7 +1017,7 @@ fail:
 
 static stash_status_t pt_free(stash_heap_t* h, uint64_t ptr) {
   pt_state* s = S(h);
-  pt_block* b = _stash_ptrmap_get(&s->allocated, ptr);
+  pt_block* b = _stash_ptrmap_take(&s->allocated, ptr); /* one lookup: put back on failure */
   if (!b)
     return _stash_error(STASH_ERR_BAD_POINTER,
                         "free: 0x%" PRIx64 " is not a live allocation of this heap (never "
@@ -1025,9 +1025,11 @@ static stash_status_t pt_free(stash_heap_t* h, uint64_t ptr) {
                         ptr);
   if (b->nuses) {
     stash_status_t st = insert_events(h, b);
-    if (st != STASH_OK) return st;
+    if (st != STASH_OK) {
+      (void)_stash_ptrmap_put(&s->allocated, ptr, b); /* cannot fail: its slot was just freed */
+      return st;
+    }
   }
-  _stash_ptrmap_take(&s->allocated, ptr);
   _stash_history_add(h, STASH_TRACE_FREE_REQUESTED, b->ptr, b->requested_size, b->stream);
   b->allocated = false;
   stat_dec(h->stats.allocation, b->pool, 1);

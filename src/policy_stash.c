@@ -2352,7 +2352,7 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
 
 static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
   sb_state* s = S(h);
-  sb_block* b = _stash_ptrmap_get(&s->allocated, ptr);
+  sb_block* b = _stash_ptrmap_take(&s->allocated, ptr); /* one lookup: put back on failure */
   if (!b)
     return _stash_error(STASH_ERR_BAD_POINTER,
                         "free: 0x%" PRIx64 " is not a live allocation of this heap (never "
@@ -2360,11 +2360,13 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
                         ptr);
   if (b->nuses) {
     stash_status_t st = _stash_events_record(h, &s->events, b->uses, b->nuses, b);
-    if (st != STASH_OK) return st;
+    if (st != STASH_OK) {
+      (void)_stash_ptrmap_put(&s->allocated, ptr, b); /* cannot fail: its slot was just freed */
+      return st;
+    }
     b->event_count += (int)b->nuses;
     b->nuses = 0;
   }
-  _stash_ptrmap_take(&s->allocated, ptr);
   s->freed = true;
   s->allocs_at_free = s->nallocs;
   _stash_history_add(h, STASH_TRACE_FREE_REQUESTED, b->ptr, b->requested, b->stream);
