@@ -156,11 +156,12 @@
  * it may hold (the device, or the memory fraction) when live bytes first fall to half their
  * peak - the end of a first training step that filled the device - turns *tight*: it gives
  * back its wholly free physical allocations there (as empty_cache does; not during a CUDA
- * graph capture), makes no large-arena allocation over kTightPiece from then on, and leaves
- * what it gave back between live blocks unmapped unless the arena's address range runs out:
- * the next steps' memory then comes in small pieces, which ranges can map when their blocks
- * are freed. A heap that first holds that much later, at a large request after the first
- * drop, turns tight there, keeping its cache. A run with room to spare never turns tight.
+ * graph capture) but those in a free block that holds the largest request so far, makes no
+ * large-arena allocation over kTightPiece from then on, and leaves what it gave back between
+ * live blocks unmapped unless the arena's address range runs out: the next steps' memory then
+ * comes in small pieces, which ranges can map when their blocks are freed. A heap that first
+ * holds that much later, at a large request after the first drop, turns tight there, keeping
+ * its cache. A run with room to spare never turns tight.
  *
  * empty_cache (and the out-of-memory fallback) waits for pending events and for streams
  * that freed blocks, unmaps the free stitched ranges and gives back the physical
@@ -422,6 +423,7 @@ typedef struct sb_state_s {
   bool dropped;        /* live bytes have fallen to half of live_peak since: no more bursts */
   bool tight;          /* the device was nearly full at or after the first drop: small pieces */
   bool freed;          /* a block has been freed since nothing was live (else: loading) */
+  size_t largest;      /* the largest request since nothing was live */
   size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
   uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
 } sb_state;
@@ -1052,7 +1054,7 @@ static sb_block* block_at(sb_arena* a, uint64_t ptr) {
  * stitched range maps. Its addresses stay the arena's, as a K_VOID block (the arena's tiling
  * and the offsets turn replay remembers do not move); arena_take_back makes memory there
  * again when the arena would otherwise grow. On a failed unmap the allocation stays, free. */
-static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a) {
+static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a, size_t keep_from) {
   sb_state* s = S(h);
   for (size_t i = 0; i < a->nhandles; i++) {
     sb_handle* hd = &a->handles[i];
@@ -1061,6 +1063,7 @@ static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a) {
     size_t bytes = hd->npages * G;
     sb_block* fb = free_containing(a, start, bytes);
     if (!fb || fb->tag != 0 || fb == a->last) continue; /* the free end is arena_shrink's */
+    if (fb->size >= keep_from) continue; /* kept whole for a request that large */
     sb_block *pre, *post;
     if (!carve_spares(s, fb, start, bytes, &pre, &post))
       return _stash_error(STASH_ERR_HOST_OOM, "empty_cache: out of host memory");
@@ -1925,6 +1928,7 @@ static stash_status_t stitch_alloc(stash_heap_t* h, size_t size, uint32_t slot, 
 /* ---- Allocation and free ---------------------------------------------------------------------- */
 
 static stash_status_t release_cache(stash_heap_t* h);
+static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from);
 
 /* Turn replay's hint for a large request of `size` (one stream only): in a repeating turn,
  * the arena offset its counterpart got one turn earlier. */
@@ -2225,21 +2229,26 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     s->dropped = false;
     s->tight = false; /* the next run's first drop decides again */
     s->freed = false;
+    s->largest = 0;
     s->arenas[1].last_grow_pages = 0; /* and no burst continues the old one */
   }
   if (live > s->live_peak) s->live_peak = live;
   bool first_drop =
       !s->dropped && s->live_peak >= (int64_t)kPhaseMinPeak && 2 * live < s->live_peak;
   if (first_drop) s->dropped = true;
+  if (size > s->largest) s->largest = size;
   /* Nearly full at the first drop, or at a large request after it (a second step that holds
    * more: an optimizer's state, a longer sequence), with no setting: tight from here on. At
    * the first drop what lies wholly free goes back too, so the next step grows in pieces (a
-   * failure leaves it held, and consistent); later the cache is kept - given back in mid-step,
-   * the memory would only be asked for again (measured: README, "At the device's limit"). */
+   * failure leaves it held, and consistent) - but not from a free block that holds the
+   * largest request so far: the next step's counterpart of that request finds it whole
+   * (twelfth/vgg13_b48, whose own peak fills 98% of its device, completes there so); later
+   * the cache is kept - given back in mid-step, the memory would only be asked for again
+   * (measured: README, "At the device's limit"). */
   if ((first_drop || (s->dropped && size > kSmallLimit)) && !s->tight && !piece_limit(h) &&
       nearly_full(h)) {
     s->tight = true;
-    if (first_drop && !h->capturing) (void)release_cache(h);
+    if (first_drop && !h->capturing) (void)release_cache_keep(h, s->largest);
   }
   /* what this request's counterpart did a step earlier (fate.c): one stream only, as turn
    * replay */
@@ -2268,7 +2277,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     /* Memory held free that no request of this size could use: smaller pieces would let a
      * stitched range map more of it (README, "At the device's limit") - unless the setting
      * is made already. A heap turned tight makes small pieces only from then on; what the
-     * setting adds is small pieces from the start (twelfth/vgg13_b48 on 3753 MiB: out of
+     * setting adds is small pieces from the start (twelfth/vgg13_b48 on 3690 MiB: out of
      * memory, turned tight; with the setting it completes). */
     int64_t unused = h->stats.reserved_bytes[STASH_STAT_ALL].current -
                      h->stats.allocated_bytes[STASH_STAT_ALL].current;
@@ -2392,8 +2401,10 @@ static stash_status_t sb_record_stream(stash_heap_t* h, uint64_t ptr, void* stre
   return _stash_uses_add(&b->uses, &b->nuses, &b->cap_uses, stream);
 }
 
-/* Wait for pending frees, unmap free stitched ranges, give back the free ends of arenas. */
-static stash_status_t release_cache(stash_heap_t* h) {
+/* Wait for pending frees, unmap free stitched ranges, give back the free ends of arenas - and,
+ * but in a large-arena free block of keep_from bytes or more, the allocations between live
+ * blocks. */
+static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from) {
   sb_state* s = S(h);
   h->stats.num_sync_all_streams++;
   cache_flush(s);
@@ -2424,13 +2435,15 @@ static stash_status_t release_cache(stash_heap_t* h) {
     if (r != STASH_OK && first == STASH_OK) first = r;
     r = arena_shrink(h, &s->arenas[i]);
     if (r != STASH_OK && first == STASH_OK) first = r;
-    r = arena_give_back(h, &s->arenas[i]);
+    r = arena_give_back(h, &s->arenas[i], i ? keep_from : SIZE_MAX);
     if (r != STASH_OK && first == STASH_OK) first = r;
   }
   stash_status_t r = _stash_zombies_release(h, &S(h)->zombies);
   if (r != STASH_OK && first == STASH_OK) first = r;
   return first;
 }
+
+static stash_status_t release_cache(stash_heap_t* h) { return release_cache_keep(h, SIZE_MAX); }
 
 static stash_status_t sb_empty_cache(stash_heap_t* h) { return release_cache(h); }
 

@@ -312,27 +312,32 @@ static void script_stash_ranges(run_t* r) {
   op_empty(r);
 }
 
-/* policy:stash turning tight: 950 MiB of the 1 GiB device held when live bytes first fall to
+/* policy:stash turning tight: 930 MiB of the 1 GiB device held when live bytes first fall to
  * half their peak; the allocation that sees the drop gives back what lies wholly free (between
- * live blocks too) and later growth comes in 20 MiB pieces (test-stash's
+ * live blocks too) in free blocks that cannot hold the largest request so far (200 MiB, still
+ * live: three 180 MiB holes) and later growth comes in 20 MiB pieces (test-stash's
  * a_device_nearly_full_at_the_first_drop_turns_tight). Capacity 1 GiB. */
 static void script_stash_tight(run_t* r) {
   op_alloc(r, 0, 1000, S1);
   op_free(r, 0);
   quiet_small(r);
-  op_alloc(r, 0, 100 * MiB, S1);
-  for (int i = 1; i <= 5; i++) op_alloc(r, i, 160 * MiB, S1);
-  op_alloc(r, 6, 50 * MiB, S1);
+  op_alloc(r, 0, 200 * MiB, S1);
+  for (int i = 1; i <= 11; i++) {
+    quiet_small(r); /* growths apart: each its own allocation */
+    op_alloc(r, i, 60 * MiB, S1);
+  }
+  op_alloc(r, 12, 70 * MiB, S1);
   int64_t reserved = r->clean ? fx_stats(&r->f).reserved_bytes[STASH_STAT_LARGE].current : 0;
-  for (int i = 1; i <= 5; i++) op_free(r, i);
-  op_alloc(r, 7, 2 * MiB, S1); /* the first drop: what lies wholly free goes back */
+  for (int i = 1; i <= 11; i++)
+    if (i != 4 && i != 8) op_free(r, i);
+  op_alloc(r, 13, 2 * MiB, S1); /* the first drop: what lies wholly free goes back */
   if (r->clean)
-    CHECK(fx_stats(&r->f).reserved_bytes[STASH_STAT_LARGE].current <= reserved - 600 * (int64_t)MiB);
-  op_alloc(r, 8, 300 * MiB, S1); /* 15 pieces at the arena's end */
-  op_free(r, 8);
+    CHECK(fx_stats(&r->f).reserved_bytes[STASH_STAT_LARGE].current <= reserved - 500 * (int64_t)MiB);
+  op_alloc(r, 14, 150 * MiB, S1); /* 8 pieces at the arena's end */
+  op_free(r, 14);
   op_empty(r);
-  op_alloc(r, 9, 400 * MiB, S1); /* after empty_cache, still in pieces */
-  for (int i = 0; i < 10; i++) op_free(r, i);
+  op_alloc(r, 15, 400 * MiB, S1); /* after empty_cache, still in pieces */
+  for (int i = 0; i < 16; i++) op_free(r, i);
   op_empty(r);
 }
 

@@ -2419,10 +2419,16 @@ TEST(max_piece_size_caps_every_physical_allocation) {
 
 /* A heap holding 90% or more of the device when live bytes first fall to half their peak
  * turns tight: it gives back the physical allocations lying wholly in free memory there
- * (between live blocks too), and from then on grows its large arena in pieces of at most
- * 20 MiB, leaving what it gave back unmapped: a 300 MiB request then grows the arena at its
- * end in 15 pieces. On a device twice the size (47% full) nothing is given back at the drop
- * and the request takes the freed memory: no growth. */
+ * (between live blocks too) - but not those in a free block that holds the largest request so
+ * far, which the next step's counterpart of that request would take whole - and from then on
+ * grows its large arena in pieces of at most 20 MiB, leaving what it gave back unmapped.
+ * First, five 160 MiB activations (the largest requests) freed side by side: their 800 MiB
+ * holds a 160 MiB request, so it stays, and a 300 MiB request takes it (no growth). Then the
+ * largest request is 200 MiB of parameters that stay live, and eleven 60 MiB activations,
+ * each its own allocation (growths apart: no burst), are freed but the 4th and 8th: three
+ * 180 MiB holes, none holding 200 MiB, go back, and a 150 MiB request grows the arena at its
+ * end in 8 pieces. On a device twice the size (47% full) nothing is given back at the drop
+ * and the requests take the freed memory: no growth. */
 TEST(a_device_nearly_full_at_the_first_drop_turns_tight) {
   for (int roomy = 0; roomy < 2; roomy++) {
     fixture_t f;
@@ -2437,21 +2443,51 @@ TEST(a_device_nearly_full_at_the_first_drop_turns_tight) {
     CHECK(reserved * 100 >= 90 * 1024 * (int64_t)MiB);
     for (int i = 0; i < 5; i++) fx_free(&f, act[i]);
     void* s = fx_alloc(&f, 2 * MiB, S1); /* the first drop: 150 MiB live of 950 */
-    int64_t after = STAT(&f, reserved_bytes, LARGE, current);
-    if (roomy) CHECK_EQ(after, reserved);
-    else CHECK(after <= reserved - 600 * (int64_t)MiB); /* most of the activations' 800 */
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), reserved); /* the 800 MiB stay */
     int64_t segments = STAT(&f, segment, LARGE, current);
     void* big = fx_alloc(&f, 300 * MiB, S1);
-    CHECK_EQ(STAT(&f, segment, LARGE, current) - segments, (roomy ? 0 : 15));
-    /* tight: S grew the arena by 6 MiB after KEEP2 (its end: every wholly free allocation
-     * was given back), and BIG takes the 4 left there and 296 new */
-    if (!roomy) CHECK_EQ(U(big), U(s) + 2 * MiB);
-    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), (roomy ? after : after + 296 * (int64_t)MiB));
+    CHECK_EQ(STAT(&f, segment, LARGE, current), segments);
+    CHECK_EQ(U(big), U(s) + 2 * MiB);
+    CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), reserved);
     CHECK_OK(stash_heap_check(f.heap));
     fx_free(&f, big);
     fx_free(&f, s);
     fx_free(&f, keep2);
     fx_free(&f, keep);
+    fx_close(&f);
+  }
+  for (int roomy = 0; roomy < 2; roomy++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", roomy ? 2048 * MiB : 1024 * MiB)) return;
+    fx_free(&f, fx_alloc(&f, 1000, S1));
+    quiet(&f, S1);
+    void* params = fx_alloc(&f, 200 * MiB, S1);
+    void* act[11];
+    for (int i = 0; i < 11; i++) {
+      quiet(&f, S1); /* growths apart: each activation its own allocation */
+      act[i] = fx_alloc(&f, 60 * MiB, S1);
+    }
+    void* keep2 = fx_alloc(&f, 70 * MiB, S1); /* 930 MiB live: 91% of 1 GiB */
+    int64_t reserved = STAT(&f, reserved_bytes, LARGE, current);
+    CHECK(reserved * 100 >= 90 * 1024 * (int64_t)MiB);
+    for (int i = 0; i < 11; i++)
+      if (i != 3 && i != 7) fx_free(&f, act[i]);
+    void* s = fx_alloc(&f, 2 * MiB, S1); /* the first drop: 390 MiB live of 930 */
+    int64_t after = STAT(&f, reserved_bytes, LARGE, current);
+    if (roomy) CHECK_EQ(after, reserved);
+    else CHECK(after <= reserved - 500 * (int64_t)MiB); /* most of the activations' 540 */
+    int64_t segments = STAT(&f, segment, LARGE, current);
+    void* big = fx_alloc(&f, 150 * MiB, S1);
+    CHECK_EQ(STAT(&f, segment, LARGE, current) - segments, (roomy ? 0 : 8));
+    if (!roomy) CHECK_EQ(U(big), U(s) + 2 * MiB); /* at the arena's end, after S */
+    if (roomy) CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), after);
+    CHECK_OK(stash_heap_check(f.heap));
+    fx_free(&f, big);
+    fx_free(&f, s);
+    fx_free(&f, keep2);
+    fx_free(&f, act[3]);
+    fx_free(&f, act[7]);
+    fx_free(&f, params);
     fx_close(&f);
   }
 }
