@@ -1053,7 +1053,8 @@ static sb_block* block_at(sb_arena* a, uint64_t ptr) {
  * wholly in a free block - between live blocks, where arena_shrink cannot reach - and that no
  * stitched range maps. Its addresses stay the arena's, as a K_VOID block (the arena's tiling
  * and the offsets turn replay remembers do not move); arena_take_back makes memory there
- * again when the arena would otherwise grow. On a failed unmap the allocation stays, free. */
+ * again when the arena would otherwise grow. On a failed unmap the allocation stays, free.
+ * An allocation in a free block of keep_from bytes or more stays (SIZE_MAX: none does). */
 static stash_status_t arena_give_back(stash_heap_t* h, sb_arena* a, size_t keep_from) {
   sb_state* s = S(h);
   for (size_t i = 0; i < a->nhandles; i++) {
