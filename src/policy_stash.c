@@ -2402,9 +2402,9 @@ static stash_status_t sb_record_stream(stash_heap_t* h, uint64_t ptr, void* stre
   return _stash_uses_add(&b->uses, &b->nuses, &b->cap_uses, stream);
 }
 
-/* Wait for pending frees, unmap free stitched ranges, give back the free ends of arenas - and,
- * but in a large-arena free block of keep_from bytes or more, the allocations between live
- * blocks. */
+/* Wait for pending frees, unmap free stitched ranges, give back the free ends of arenas and
+ * the wholly free allocations between live blocks - except, in the large arena, those in a free
+ * block of keep_from bytes or more (release_cache: none kept). */
 static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from) {
   sb_state* s = S(h);
   h->stats.num_sync_all_streams++;
