@@ -26,6 +26,18 @@
  * is the next step's), and its peak is followed once live bytes rise past half of the last
  * step's again.
  *
+ * A step with no huge request may still have requests huge for it: kRelHuge or more, at least
+ * half its largest, made while live bytes were at least half the way from its floor (the
+ * fewest live since the last step ended) to its peak, and kRelAfter large events or more into
+ * it (a smaller model's logits; not a vision model's first activation) - known when the step
+ * ends, which it also does under half the way from its floor to its peak (a small model's
+ * weights and optimizer state keep live bytes over a quarter). The second step after such a
+ * step holds more than it (the optimizer's state) and would grow as it goes, new memory coming
+ * above the blocks placed at the top and at the bottom alike; at its first request whose
+ * counterpart went around the huge requests this file predicts its peak - its floor so far plus
+ * what the first step held above its own - for the policy to grow to at once
+ * (_stash_fate_take_growth; docs/policy-stash.md, "Fates while the arena grows").
+ *
  * Memory: two steps' tables of 24-byte slots, 2-4 slots per key; a failed host allocation
  * turns this off, which only ends the predictions.
  */
@@ -37,6 +49,8 @@
 #define kHuge ((size_t)512 << 20) /* a huge request: the logits of a language model */
 #define kQuiet 4                  /* a step ends under 1/kQuiet of its peak live bytes */
 #define kMinPeak ((int64_t)256 << 20)
+#define kRelHuge ((size_t)240 << 20) /* huge for a step: this much, at least half its largest */
+#define kRelAfter 128                /* ... made this many large events or more into it */
 
 void _stash_fate_init(stash_fate_t* F) { memset(F, 0, sizeof *F); }
 
@@ -85,12 +99,66 @@ static bool reserve(stash_fate_step_t* t) {
   return true;
 }
 
+int64_t _stash_fate_take_growth(stash_fate_t* F) {
+  int64_t t = F->grow_to;
+  F->grow_to = 0;
+  return t;
+}
+
+/* The first request huge relative to this step so far (0: none, or one made too early in the
+ * step to follow a forward pass: a vision model's first activations). */
+static uint64_t rel_first(const stash_fate_t* F) {
+  for (int i = 0; i < F->nrel; i++)
+    if (2 * F->rel_size[i] >= F->largest)
+      return F->rel_clock[i] - F->step_start >= kRelAfter ? F->rel_clock[i] : 0;
+  return 0;
+}
+
+/* A request of kRelHuge or more, made while live bytes are high: it may be huge for the step. */
+static void rel_add(stash_fate_t* F, uint64_t clock, size_t size) {
+  if (size < kRelHuge) return;
+  if (F->nrel == 64) { /* forget those that can no longer be huge */
+    int k = 0;
+    for (int i = 0; i < F->nrel; i++)
+      if (2 * F->rel_size[i] >= F->largest) {
+        F->rel_clock[k] = F->rel_clock[i];
+        F->rel_size[k++] = F->rel_size[i];
+      }
+    F->nrel = k;
+    if (k == 64) return;
+  }
+  F->rel_clock[F->nrel] = clock;
+  F->rel_size[F->nrel++] = size;
+}
+
 /* Follow live bytes: end the step, or begin the next. */
 static void follow(stash_fate_t* F, int64_t live) {
   if (!F->between && live > F->peak) F->peak = live;
-  if (!F->between && F->peak >= kMinPeak && live * kQuiet < F->peak) {
+  if (live < F->floor) F->floor = live;
+  stash_fate_step_t* cur = &F->step[F->nsteps & 1];
+  uint64_t rel = cur->first_huge ? 0 : rel_first(F);
+  /* a step with requests huge for it ends, too, under half the way from its floor to its
+   * peak (a small model's weights and optimizer state keep live bytes over a quarter) */
+  bool end_rel =
+      rel && F->peak - F->floor >= kMinPeak && 2 * (live - F->floor) < F->peak - F->floor;
+  if (!F->between && ((F->peak >= kMinPeak && live * kQuiet < F->peak) || end_rel)) {
     F->between = true;
+    if (rel) /* the step's huge requests: those at least half its largest */
+      for (int i = 0; i < F->nrel; i++) {
+        if (2 * F->rel_size[i] < F->largest) continue;
+        if (!cur->first_huge) cur->first_huge = F->rel_clock[i];
+        cur->last_huge = F->rel_clock[i];
+      }
+    F->nrel = 0;
+    F->step_start = F->clock;
+    F->prev_had_huge = F->had_huge;
+    F->had_huge = false;
+    F->prev_peak = F->peak;
+    F->prev_floor = F->floor;
+    F->floor = live;
+    F->largest = 0;
     F->nsteps++;
+    F->grow_armed = F->nsteps == 1;
     stash_fate_step_t* t = &F->step[F->nsteps & 1]; /* the step before last: forgotten */
     if (t->slots) memset(t->slots, 0, t->cap * sizeof *t->slots);
     t->nkeys = 0;
@@ -116,20 +184,32 @@ stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t context, size_t
   F->asked = true; /* for _stash_fate_alloc */
   F->asked_key = key_of(context, size);
   F->asked_huge = size >= kHuge;
+  F->asked_size = size;
+  F->asked_live = live;
+  if (size > F->largest) F->largest = size;
   if (!F->nsteps) return STASH_FATE_UNKNOWN;
   const stash_fate_step_t* prev = &F->step[(F->nsteps - 1) & 1];
   if (!prev->first_huge) return STASH_FATE_UNKNOWN;
   const stash_fate_slot_t* r = find(prev, F->asked_key);
   if (!r || r->born > prev->first_huge) return STASH_FATE_UNKNOWN;
   if (r->freed && r->freed <= prev->first_huge) return STASH_FATE_UNKNOWN;
-  return r->freed && r->freed <= prev->last_huge ? STASH_FATE_AROUND_HUGE : STASH_FATE_STAYS;
+  bool around = r->freed && r->freed <= prev->last_huge;
+  if (around && F->grow_armed && !F->prev_had_huge) {
+    /* the second step's blocks begin to be placed apart: predict its peak */
+    F->grow_armed = false;
+    F->grow_to = F->floor + (F->prev_peak - F->prev_floor);
+  }
+  return around ? STASH_FATE_AROUND_HUGE : STASH_FATE_STAYS;
 }
 
 bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
   if (F->disabled || !F->asked) return false;
   F->asked = false;
   stash_fate_step_t* t = &F->step[F->nsteps & 1];
+  if (!F->between && 2 * (F->asked_live - F->floor) >= F->peak - F->floor)
+    rel_add(F, F->clock, F->asked_size);
   if (F->asked_huge) {
+    F->had_huge = true;
     if (!t->first_huge) t->first_huge = F->clock;
     if (!F->between) t->last_huge = F->clock;
   }

@@ -227,6 +227,22 @@ typedef struct stash_fate_s {
   bool asked;                /* a request predicted and not yet recorded: ... */
   bool asked_huge;           /* ... a huge one? ... */
   uint64_t asked_key;        /* ... its key */
+  size_t asked_size;         /* ... its size */
+  int64_t asked_live;        /* ... and live bytes then */
+  /* A step with no huge request may have requests huge for it (kRelHuge or more and at least
+   * half its largest, made while live bytes were high: a smaller model's logits), known when
+   * it ends; such a step also ends when live bytes fall under half the way from its floor to
+   * its peak. */
+  int64_t floor;             /* the fewest bytes live since the last step ended */
+  int64_t prev_peak, prev_floor; /* the previous step's peak and floor */
+  size_t largest;            /* the largest request of this step */
+  uint64_t step_start;       /* the clock when this step's records began */
+  uint64_t rel_clock[64];    /* requests that may be huge for this step: when made, ... */
+  size_t rel_size[64];       /* ... and their sizes */
+  int nrel;
+  bool had_huge, prev_had_huge; /* a request of kHuge or more in this step / the previous */
+  bool grow_armed;           /* the second step's growth not yet asked for */
+  int64_t grow_to;           /* live bytes the second step is predicted to reach (once) */
 } stash_fate_t;
 
 STASH_HIDDEN void _stash_fate_init(stash_fate_t* F);
@@ -244,6 +260,11 @@ STASH_HIDDEN void _stash_fate_live(stash_fate_t* F, int64_t live);
 STASH_HIDDEN bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step);
 /* Record the free of a block that _stash_fate_alloc recorded. */
 STASH_HIDDEN void _stash_fate_freed(stash_fate_t* F, uint64_t key, uint32_t step);
+/* Once, at the second step's first request whose counterpart was freed around the first
+ * step's huge requests, if those were huge only relative to that step (under kHuge): the live
+ * bytes the second step is predicted to reach - its floor so far plus what the first step
+ * held above its own - for the policy to grow to at once; 0 otherwise. */
+STASH_HIDDEN int64_t _stash_fate_take_growth(stash_fate_t* F);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 

@@ -2257,6 +2257,18 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   if (size > kSmallLimit) {
     fate = _stash_fate_predict(&s->fate, _stash_loop_context(&s->loop), size, live);
     if (s->nstreams > 1) fate = STASH_FATE_UNKNOWN;
+    /* The second step of a run whose logits are huge only for it holds more than the first
+     * (the optimizer's state) and would grow as it goes, new memory coming above the blocks
+     * placed at the top and at the bottom alike: grow the large arena at once to what it is
+     * predicted to hold, so that its blocks fit apart (docs/policy-stash.md, "Fates while the
+     * arena grows"). */
+    int64_t grow_to = _stash_fate_take_growth(&s->fate);
+    if (grow_to > (int64_t)h->total_reserved && s->nstreams <= 1 && !s->tight &&
+        !piece_limit(h)) {
+      size_t pages = ((size_t)grow_to - h->total_reserved + G - 1) / G;
+      st = arena_grow(h, &s->arenas[1], pages, slot, true, kLargePieceMax, false);
+      if (st != STASH_OK && st != STASH_ERR_OOM) return st;
+    }
   } else {
     _stash_fate_live(&s->fate, live);
   }

@@ -219,6 +219,94 @@ TEST(many_keys_grow_the_index_and_keep_their_answers) {
   _stash_fate_free(&F);
 }
 
+/* A small model's step: weights and optimizer state (`base` MiB live) under 40 layers of an
+ * activation (context 1, living on) and a key/value block (context 2, freed between the
+ * logits) with a temporary each (context 3), then two logits of `logits` MiB (contexts 4 and
+ * 5); the activations go, and live bytes fall back to base + 100 MiB. */
+static void small_model_step(stash_fate_t* F, int64_t base, size_t logits,
+                             stash_fate_class_t cls[3], int64_t* grow_to) {
+  block_t act[40], kv[40];
+  int64_t live = base;
+  for (int l = 0; l < 40; l++) {
+    act[l] = alloc(F, 1, 10 * MiB, live, &cls[1]);
+    if (grow_to && !*grow_to) *grow_to = _stash_fate_take_growth(F);
+    kv[l] = alloc(F, 2, 24 * MiB, live + 10 * (int64_t)MiB, &cls[2]);
+    if (grow_to && !*grow_to) *grow_to = _stash_fate_take_growth(F);
+    freed(F, alloc(F, 3, 8 * MiB, live + 34 * (int64_t)MiB, NULL));
+    live += 34 * (int64_t)MiB;
+  }
+  block_t l1 = alloc(F, 4, logits * MiB, live, NULL);
+  live += (int64_t)(logits * MiB);
+  for (int l = 0; l < 40; l++) freed(F, kv[l]);
+  live -= 40 * 24 * (int64_t)MiB;
+  block_t l2 = alloc(F, 5, logits * MiB, live, NULL);
+  freed(F, l1);
+  freed(F, l2);
+  for (int l = 0; l < 40; l++) freed(F, act[l]);
+  _stash_fate_live(F, base + 100 * (int64_t)MiB);
+}
+
+TEST(a_small_models_logits_are_huge_for_its_step_and_its_second_step_grows_at_once) {
+  /* logits of 300 MiB (under kHuge, over kRelHuge and half the step's largest): the step
+   * ends under half the way from its floor (0: nothing before it) to its peak (live bytes
+   * before the first logits: 1000 + 40 * 34 = 2360 MiB) - they never fall under a quarter of
+   * it - and the next step learns from it; at its first block whose counterpart went between
+   * the logits it is told to grow to its floor (1000 MiB, the trough) plus what the first step
+   * held above its own */
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  stash_fate_class_t c[3];
+  small_model_step(&F, 1000 * (int64_t)MiB, 300, c, NULL);
+  CHECK_EQ(F.nsteps, 1);
+  CHECK(F.step[0].first_huge != 0);
+  CHECK_EQ(_stash_fate_take_growth(&F), 0);
+  _stash_fate_live(&F, 1000 * (int64_t)MiB); /* the trough: the optimizer's update */
+  _stash_fate_live(&F, 1600 * (int64_t)MiB); /* its state made */
+  int64_t grow_to = 0;
+  small_model_step(&F, 1600 * (int64_t)MiB, 300, c, &grow_to);
+  CHECK_EQ(c[1], STASH_FATE_STAYS);
+  CHECK_EQ(c[2], STASH_FATE_AROUND_HUGE);
+  CHECK_EQ(grow_to, (1000 + 2360) * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 2);
+  /* once only: the third step places as the second did, but is told nothing */
+  grow_to = 0;
+  small_model_step(&F, 1600 * (int64_t)MiB, 300, c, &grow_to);
+  CHECK_EQ(c[2], STASH_FATE_AROUND_HUGE);
+  CHECK_EQ(grow_to, 0);
+  _stash_fate_free(&F);
+
+  /* logits under kRelHuge: no step ends, nothing is learnt */
+  _stash_fate_init(&F);
+  small_model_step(&F, 1000 * (int64_t)MiB, 200, c, NULL);
+  CHECK_EQ(F.nsteps, 0);
+  _stash_fate_free(&F);
+
+  /* logits of kHuge or more: the steps as before, and no growth asked for */
+  _stash_fate_init(&F);
+  small_model_step(&F, 100 * (int64_t)MiB, 600, c, NULL);
+  _stash_fate_live(&F, 10 * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 1);
+  grow_to = 0;
+  small_model_step(&F, 100 * (int64_t)MiB, 600, c, &grow_to);
+  CHECK_EQ(c[2], STASH_FATE_AROUND_HUGE);
+  CHECK_EQ(grow_to, 0);
+  _stash_fate_free(&F);
+}
+
+TEST(a_request_huge_for_its_step_counts_only_after_a_forward_pass) {
+  /* a vision model's first activation (300 MiB, its largest) comes first, then 60 smaller
+   * blocks: no relative huge request, so live bytes at half the climb end no step */
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  block_t big = alloc(&F, 1, 300 * MiB, 1300 * (int64_t)MiB, NULL);
+  for (int i = 0; i < 60; i++)
+    freed(&F, alloc(&F, 2, 20 * MiB, 1600 * (int64_t)MiB, NULL));
+  freed(&F, big);
+  _stash_fate_live(&F, 700 * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 0);
+  _stash_fate_free(&F);
+}
+
 int main(void) {
   RUN(a_step_learns_what_the_last_one_did_around_its_huge_requests);
   RUN(a_step_without_a_huge_request_teaches_nothing);
@@ -228,5 +316,7 @@ int main(void) {
   RUN(an_allocation_without_context_is_not_recorded);
   RUN(a_block_of_two_steps_back_marks_nothing);
   RUN(many_keys_grow_the_index_and_keep_their_answers);
+  RUN(a_small_models_logits_are_huge_for_its_step_and_its_second_step_grows_at_once);
+  RUN(a_request_huge_for_its_step_counts_only_after_a_forward_pass);
   TEST_MAIN_END();
 }

@@ -1346,6 +1346,58 @@ TEST(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step) {
   fx_close(&f);
 }
 
+/* A small language model's step: 48 layers, each a 12 MiB activation kept for the backward
+ * pass beside a 24 MiB key/value block freed between the step's two 300 MiB logits (huge for
+ * the step, though under fate.c's kHuge) and an 8 MiB temporary. Returns reserved bytes at
+ * the second logits; *grown: in how many layers reserved bytes grew. */
+static int64_t small_logits_step(fixture_t* f, int* grown) {
+  void *act[48], *kv[48];
+  *grown = 0;
+  for (int l = 0; l < 48; l++) {
+    int64_t r = STAT(f, reserved_bytes, ALL, current);
+    act[l] = fx_alloc(f, 12 * MiB, S1);
+    kv[l] = fx_alloc(f, 24 * MiB, S1);
+    fx_free(f, fx_alloc(f, 8 * MiB, S1));
+    *grown += STAT(f, reserved_bytes, ALL, current) != r;
+  }
+  void* logits1 = fx_alloc(f, 300 * MiB, S1);
+  for (int l = 0; l < 48; l++) fx_free(f, kv[l]);
+  void* logits2 = fx_alloc(f, 300 * MiB, S1);
+  int64_t reserved = STAT(f, reserved_bytes, LARGE, current);
+  fx_free(f, logits1);
+  fx_free(f, logits2);
+  for (int l = 0; l < 48; l++) fx_free(f, act[l]);
+  return reserved;
+}
+
+/* The weights (1000 MiB) keep live bytes over a quarter of the step's peak, so the step ends
+ * under half the way from its floor to its peak; the optimizer's state (1000 MiB more) fills
+ * what the first step left free, and the second step's layers would grow the arena as they
+ * come (12 layers grow, 4036 MiB at the second logits). At its first key/value block the arena
+ * grows at once to the second step's predicted peak - the trough, 1000 MiB, plus the 2728 MiB
+ * the first step held above its floor - and the layers fit apart in it. */
+TEST(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  void* weights[10]; /* 100 MiB tensors: none over the logits */
+  for (int i = 0; i < 10; i++) weights[i] = fx_alloc(&f, 100 * MiB, S1);
+  int g1 = 0, g2 = 0, g3 = 0;
+  small_logits_step(&f, &g1);
+  void* state[10];
+  for (int i = 0; i < 10; i++) state[i] = fx_alloc(&f, 100 * MiB, S1);
+  int64_t r2 = small_logits_step(&f, &g2);
+  int64_t r3 = small_logits_step(&f, &g3);
+  CHECK_EQ(g2, 2); /* the layer that asks for the growth at once, and one more */
+  CHECK_EQ(r2, 4028 * (int64_t)MiB);
+  CHECK_EQ(g3, 0);
+  CHECK_EQ(r3, r2);
+  for (int i = 0; i < 10; i++) fx_free(&f, state[i]);
+  for (int i = 0; i < 10; i++) fx_free(&f, weights[i]);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* With a second stream the fates are off, as turn replay is (stream tags decide which free
  * block a stream may take): the later steps grow as they would without them, by 76 MiB. */
 TEST(a_second_stream_turns_the_fates_off) {
@@ -2878,6 +2930,7 @@ int main(void) {
   RUN(repeated_steps_make_no_provider_call);
   RUN(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step);
   RUN(a_second_stream_turns_the_fates_off);
+  RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
   RUN(random_operations_keep_the_heap_consistent);
   RUN(random_loops_keep_the_heap_consistent);
   TEST_MAIN_END();
