@@ -424,6 +424,8 @@ typedef struct sb_state_s {
   bool tight;          /* the device was nearly full at or after the first drop: small pieces */
   bool freed;          /* a block has been freed since nothing was live (else: loading) */
   size_t largest;      /* the largest request since nothing was live */
+  bool grown_to_peak;  /* the large arena grew at once to a step's predicted peak (fate.c)
+                          since nothing was live: a range's new memory is mapped at once */
   size_t recent[kRecentSizes]; /* the sizes of the last large requests, a ring */
   uint64_t nrecent;    /* large requests so far (the ring's next slot, modulo) */
 } sb_state;
@@ -1584,7 +1586,14 @@ static size_t stitch_from_free(stash_heap_t* h, uint32_t slot, size_t n, uint32_
  * training loop's steady state (eleventh/swin_t_b80: a 4 MiB allocation readied for a 132 MiB
  * block in the second half; docs/policy-stash.md, "Twenty-fifth session") - except once the
  * heap is tight: at its device's limit the pressed ranges' small new memory is as often never
- * used by the arena (tools/fill_price.py: 4 more calls in bert_varlen_train's second half). */
+ * used by the arena (tools/fill_price.py: 4 more calls in bert_varlen_train's second half).
+ * Also, up to kLargePieceMax, once the arena has grown at once to a step's predicted peak
+ * (sb_alloc, fate.c): a range's new memory is then what the prediction missed, at the top of
+ * an arena whose blocks already fill it, and the step's blocks drift onto it steps later -
+ * ninth/t5_base_b18's 20 MiB, made for its second step's last logits and readied for a 13.5
+ * MiB block in its second half (a map and a cuMemSetAccess in the steady state). Larger new
+ * memory (a logits range's hundreds of MiB) stays lazy: without the cap, 4 more traces pay
+ * the access calls and none gains. */
 static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size_t got,
                                   uint32_t* homes) {
   sb_state* s = S(h);
@@ -1595,7 +1604,9 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
     size_t first = a->mapped / G;
     stash_status_t st =
         arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G),
-                   (n - got) * G >= kLargeGrowBytes || s->tight);
+                   ((n - got) * G >= kLargeGrowBytes &&
+                    !(s->grown_to_peak && (n - got) * G <= kLargePieceMax)) ||
+                       s->tight);
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
@@ -2231,6 +2242,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     s->tight = false; /* the next run's first drop decides again */
     s->freed = false;
     s->largest = 0;
+    s->grown_to_peak = false;
     s->arenas[1].last_grow_pages = 0; /* and no burst continues the old one */
   }
   if (live > s->live_peak) s->live_peak = live;
@@ -2268,6 +2280,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
       size_t pages = ((size_t)grow_to - h->total_reserved + G - 1) / G;
       st = arena_grow(h, &s->arenas[1], pages, slot, true, kLargePieceMax, false);
       if (st != STASH_OK && st != STASH_ERR_OOM) return st;
+      if (st == STASH_OK) s->grown_to_peak = true;
     }
   } else {
     _stash_fate_live(&s->fate, live);

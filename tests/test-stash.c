@@ -1398,6 +1398,50 @@ TEST(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak) {
   fx_close(&f);
 }
 
+/* After the growth at once the second step's layout fills the arena, and what its prediction
+ * missed a stitched range makes at the arena's top; blocks drift onto that memory steps later
+ * (ninth/t5_base_b18: 20 MiB readied for a 13.5 MiB block in its second half, a map and a
+ * cuMemSetAccess in the steady state). So the range's new memory is mapped in the arena at
+ * once, as a growth's is: a block that later lands on it makes no driver call (lazily: one
+ * cuMemSetAccess at the range, then a map and one at the block). */
+TEST(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  void* weights[10];
+  for (int i = 0; i < 10; i++) weights[i] = fx_alloc(&f, 100 * MiB, S1);
+  int g = 0;
+  small_logits_step(&f, &g);
+  void* state[10];
+  for (int i = 0; i < 10; i++) state[i] = fx_alloc(&f, 100 * MiB, S1);
+  CHECK_EQ(small_logits_step(&f, &g), 4028 * (int64_t)MiB); /* grown at once */
+  small_logits_step(&f, &g);
+  /* the 2028 MiB the steps leave free: a 1000 MiB hole below a block at the top */
+  void* a = fx_alloc(&f, 1000 * MiB, S1);
+  void* b = fx_alloc(&f, 1028 * MiB, S1);
+  CHECK_EQ(U(a), U(weights[0]) + 2000 * MiB);
+  CHECK_EQ(U(b), U(a) + 1000 * MiB);
+  fx_free(&f, a);
+  uint64_t access = stash_sim_calls(f.sim, STASH_CALL_set_access);
+  void* x = fx_alloc(&f, 1100 * MiB, S1); /* the hole's allocations and 100 MiB new */
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 4128 * (int64_t)MiB);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_set_access) - access, 2); /* range and arena */
+  fx_free(&f, x);
+  fx_free(&f, b);
+  uint64_t calls = memory_calls(&f);
+  void* y = fx_alloc(&f, 2040 * MiB, S1); /* over the old top, 12 MiB into the new memory */
+  CHECK(!find(&f, y).in_stitched);
+  CHECK_EQ(U(y), U(weights[0]) + 2000 * MiB);
+  CHECK_EQ(memory_calls(&f), calls);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, y);
+  for (int i = 0; i < 10; i++) fx_free(&f, state[i]);
+  for (int i = 0; i < 10; i++) fx_free(&f, weights[i]);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* With a second stream the fates are off, as turn replay is (stream tags decide which free
  * block a stream may take): the later steps grow as they would without them, by 76 MiB. */
 TEST(a_second_stream_turns_the_fates_off) {
@@ -2931,6 +2975,7 @@ int main(void) {
   RUN(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step);
   RUN(a_second_stream_turns_the_fates_off);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
+  RUN(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once);
   RUN(random_operations_keep_the_heap_consistent);
   RUN(random_loops_keep_the_heap_consistent);
   TEST_MAIN_END();
