@@ -38,6 +38,15 @@
  * what the first step held above its own - for the policy to grow to at once
  * (_stash_fate_take_growth; docs/policy-stash.md, "Fates while the arena grows").
  *
+ * Requests of kRelSmall to kRelHuge may be huge for a step too, but only in a run whose live
+ * bytes have never fallen to half their peak: a small model whose weights and optimizer state
+ * outweigh its activations (Llama b1's 125 MiB logits). T5-small's 125.5 MiB logits and the
+ * large activations of Swin and ViT come in runs that halve: once halved, such requests no
+ * longer count, and a step whose huge requests were all of them gives no fates. Such a run's
+ * first step would end only once live bytes fell under half its peak, and the weights it loads
+ * keep them over that; its floor, for ending it, is the live bytes when the first recorded
+ * block is freed (the weights loaded).
+ *
  * Memory: two steps' tables of 24-byte slots, 2-4 slots per key; a failed host allocation
  * turns this off, which only ends the predictions.
  */
@@ -51,6 +60,7 @@
 #define kMinPeak ((int64_t)256 << 20)
 #define kRelHuge ((size_t)240 << 20) /* huge for a step: this much, at least half its largest */
 #define kRelAfter 128                /* ... made this many large events or more into it */
+#define kRelSmall ((size_t)120 << 20) /* ... or this much in a run that never halved */
 
 void _stash_fate_init(stash_fate_t* F) { memset(F, 0, sizeof *F); }
 
@@ -99,24 +109,39 @@ static bool reserve(stash_fate_step_t* t) {
   return true;
 }
 
+bool _stash_fate_stepped(const stash_fate_t* F) { return F->nsteps > 0; }
+
 int64_t _stash_fate_take_growth(stash_fate_t* F) {
   int64_t t = F->grow_to;
   F->grow_to = 0;
   return t;
 }
 
+/* Whether candidate i is huge for this step: at least half its largest, and kRelHuge or more
+ * unless live bytes have never halved. */
+static bool rel_huge(const stash_fate_t* F, int i) {
+  return 2 * F->rel_size[i] >= F->largest && (F->rel_size[i] >= kRelHuge || !F->halved);
+}
+
+/* Whether this step's huge requests so far are all under kRelHuge. */
+static bool rel_small(const stash_fate_t* F) {
+  for (int i = 0; i < F->nrel; i++)
+    if (rel_huge(F, i) && F->rel_size[i] >= kRelHuge) return false;
+  return true;
+}
+
 /* The first request huge relative to this step so far (0: none, or one made too early in the
  * step to follow a forward pass: a vision model's first activations). */
 static uint64_t rel_first(const stash_fate_t* F) {
   for (int i = 0; i < F->nrel; i++)
-    if (2 * F->rel_size[i] >= F->largest)
+    if (rel_huge(F, i))
       return F->rel_clock[i] - F->step_start >= kRelAfter ? F->rel_clock[i] : 0;
   return 0;
 }
 
-/* A request of kRelHuge or more, made while live bytes are high: it may be huge for the step. */
+/* A request of kRelSmall or more, made while live bytes are high: it may be huge for the step. */
 static void rel_add(stash_fate_t* F, uint64_t clock, size_t size) {
-  if (size < kRelHuge) return;
+  if (size < kRelSmall) return;
   if (F->nrel == 64) { /* forget those that can no longer be huge */
     int k = 0;
     for (int i = 0; i < F->nrel; i++)
@@ -133,19 +158,26 @@ static void rel_add(stash_fate_t* F, uint64_t clock, size_t size) {
 
 /* Follow live bytes: end the step, or begin the next. */
 static void follow(stash_fate_t* F, int64_t live) {
+  if (live > F->peak_ever) F->peak_ever = live;
+  if (F->peak_ever >= kMinPeak && 2 * live < F->peak_ever) F->halved = true;
   if (!F->between && live > F->peak) F->peak = live;
   if (live < F->floor) F->floor = live;
   stash_fate_step_t* cur = &F->step[F->nsteps & 1];
   uint64_t rel = cur->first_huge ? 0 : rel_first(F);
   /* a step with requests huge for it ends, too, under half the way from its floor to its
-   * peak (a small model's weights and optimizer state keep live bytes over a quarter) */
-  bool end_rel =
-      rel && F->peak - F->floor >= kMinPeak && 2 * (live - F->floor) < F->peak - F->floor;
+   * peak (a small model's weights and optimizer state keep live bytes over a quarter); the
+   * first step's floor is 0, and where only requests under kRelHuge are huge for it (live
+   * bytes never halved), what it loads keeps live bytes over half its peak: its floor is
+   * then the live bytes once the weights were loaded (Llama b1) */
+  int64_t floor = F->floor;
+  if (rel && !F->nsteps && F->loaded && rel_small(F)) floor = F->loaded_live;
+  bool end_rel = rel && F->peak - floor >= kMinPeak && 2 * (live - floor) < F->peak - floor;
   if (!F->between && ((F->peak >= kMinPeak && live * kQuiet < F->peak) || end_rel)) {
     F->between = true;
+    F->prev_small = rel && rel_small(F);
     if (rel) /* the step's huge requests: those at least half its largest */
       for (int i = 0; i < F->nrel; i++) {
-        if (2 * F->rel_size[i] < F->largest) continue;
+        if (!rel_huge(F, i)) continue;
         if (!cur->first_huge) cur->first_huge = F->rel_clock[i];
         cur->last_huge = F->rel_clock[i];
       }
@@ -190,6 +222,9 @@ stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t context, size_t
   if (!F->nsteps) return STASH_FATE_UNKNOWN;
   const stash_fate_step_t* prev = &F->step[(F->nsteps - 1) & 1];
   if (!prev->first_huge) return STASH_FATE_UNKNOWN;
+  /* its huge requests were small ones, huge for it only while live bytes had not halved:
+   * since they have, not a small model's logits (T5-small's, Swin's activations) */
+  if (F->halved && F->prev_small) return STASH_FATE_UNKNOWN;
   const stash_fate_slot_t* r = find(prev, F->asked_key);
   if (!r || r->born > prev->first_huge) return STASH_FATE_UNKNOWN;
   if (r->freed && r->freed <= prev->first_huge) return STASH_FATE_UNKNOWN;
@@ -235,6 +270,10 @@ bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
  * better where they do not: docs/policy-stash.md, "Twenty-seventh session"). */
 void _stash_fate_freed(stash_fate_t* F, uint64_t key, uint32_t step) {
   if (F->disabled) return;
+  if (!F->loaded) { /* the first free of a recorded block: the weights are loaded */
+    F->loaded = true;
+    F->loaded_live = F->asked_live;
+  }
   F->clock++;
   /* this step's allocation, or the previous step's; older ones are forgotten */
   uint32_t now = (uint32_t)F->nsteps;

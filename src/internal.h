@@ -243,6 +243,13 @@ typedef struct stash_fate_s {
   bool had_huge, prev_had_huge; /* a request of kHuge or more in this step / the previous */
   bool grow_armed;           /* the second step's growth not yet asked for */
   int64_t grow_to;           /* live bytes the second step is predicted to reach (once) */
+  /* Requests of kRelSmall to kRelHuge count as huge for a step only in a run whose live bytes
+   * have never fallen to half their peak (fate.c). */
+  int64_t peak_ever;         /* the most bytes live so far */
+  bool halved;               /* live bytes have fallen under half of peak_ever */
+  bool prev_small;           /* the previous step's huge requests were all under kRelHuge */
+  bool loaded;               /* a recorded block has been freed: the weights are loaded */
+  int64_t loaded_live;       /* live bytes then */
 } stash_fate_t;
 
 STASH_HIDDEN void _stash_fate_init(stash_fate_t* F);
@@ -265,6 +272,8 @@ STASH_HIDDEN void _stash_fate_freed(stash_fate_t* F, uint64_t key, uint32_t step
  * bytes the second step is predicted to reach - its floor so far plus what the first step
  * held above its own - for the policy to grow to at once; 0 otherwise. */
 STASH_HIDDEN int64_t _stash_fate_take_growth(stash_fate_t* F);
+/* Whether a step has ended (a run's first forward pass is over). */
+STASH_HIDDEN bool _stash_fate_stepped(const stash_fate_t* F);
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 

@@ -2051,7 +2051,10 @@ static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot)
  * counterpart that was stitched, and whose range is taken, is as none). */
 static bool mid_sized_may_grow_a_range(sb_state* s, size_t size) {
   uint64_t off = 0;
-  return s->dropped && (!turn_hint(s, size, &off) || (off & STASH_LOOP_ELSEWHERE));
+  /* a run whose live bytes never halve (weights and optimizer state outweigh the
+   * activations: Llama b1) is past its first pass once fate.c has seen a step end */
+  bool past_first = s->dropped || _stash_fate_stepped(&s->fate);
+  return past_first && (!turn_hint(s, size, &off) || (off & STASH_LOOP_ELSEWHERE));
 }
 
 /* The largest physical allocation the large arena grows in for a request of `size`: a

@@ -275,9 +275,9 @@ TEST(a_small_models_logits_are_huge_for_its_step_and_its_second_step_grows_at_on
   CHECK_EQ(grow_to, 0);
   _stash_fate_free(&F);
 
-  /* logits under kRelHuge: no step ends, nothing is learnt */
+  /* logits under kRelSmall: no step ends, nothing is learnt */
   _stash_fate_init(&F);
-  small_model_step(&F, 1000 * (int64_t)MiB, 200, c, NULL);
+  small_model_step(&F, 1000 * (int64_t)MiB, 100, c, NULL);
   CHECK_EQ(F.nsteps, 0);
   _stash_fate_free(&F);
 
@@ -290,6 +290,34 @@ TEST(a_small_models_logits_are_huge_for_its_step_and_its_second_step_grows_at_on
   small_model_step(&F, 100 * (int64_t)MiB, 600, c, &grow_to);
   CHECK_EQ(c[2], STASH_FATE_AROUND_HUGE);
   CHECK_EQ(grow_to, 0);
+  _stash_fate_free(&F);
+}
+
+TEST(logits_under_kRelHuge_are_huge_for_a_step_only_while_live_bytes_never_halved) {
+  /* Llama b1: 200 MiB logits (kRelSmall to kRelHuge) in a run whose weights (1500 MiB) keep
+   * live bytes over half its peak (2860 MiB) - the first step ends only from the floor of its
+   * weights loaded (1534 MiB, at the first free), not from 0 - and the second step learns
+   * from it */
+  stash_fate_t F;
+  _stash_fate_init(&F);
+  stash_fate_class_t c[3];
+  small_model_step(&F, 1500 * (int64_t)MiB, 200, c, NULL);
+  CHECK_EQ(F.nsteps, 1);
+  CHECK(F.step[0].first_huge != 0);
+  small_model_step(&F, 1500 * (int64_t)MiB, 200, c, NULL);
+  CHECK_EQ(c[1], STASH_FATE_STAYS);
+  _stash_fate_free(&F);
+
+  /* T5-small, Swin: live bytes have halved (2000 -> 400 MiB, a step ended under a quarter):
+   * the same 200 MiB requests are huge for no step, and the next one does not end at half
+   * the way from its floor */
+  _stash_fate_init(&F);
+  _stash_fate_live(&F, 2000 * (int64_t)MiB);
+  _stash_fate_live(&F, 400 * (int64_t)MiB);
+  CHECK_EQ(F.nsteps, 1);
+  small_model_step(&F, 1000 * (int64_t)MiB, 200, c, NULL);
+  CHECK_EQ(F.nsteps, 1);
+  CHECK_EQ(F.step[1].first_huge, 0);
   _stash_fate_free(&F);
 }
 
@@ -318,5 +346,6 @@ int main(void) {
   RUN(many_keys_grow_the_index_and_keep_their_answers);
   RUN(a_small_models_logits_are_huge_for_its_step_and_its_second_step_grows_at_once);
   RUN(a_request_huge_for_its_step_counts_only_after_a_forward_pass);
+  RUN(logits_under_kRelHuge_are_huge_for_a_step_only_while_live_bytes_never_halved);
   TEST_MAIN_END();
 }

@@ -1347,10 +1347,10 @@ TEST(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step) {
 }
 
 /* A small language model's step: 48 layers, each a 12 MiB activation kept for the backward
- * pass beside a 24 MiB key/value block freed between the step's two 300 MiB logits (huge for
- * the step, though under fate.c's kHuge) and an 8 MiB temporary. Returns reserved bytes at
- * the second logits; *grown: in how many layers reserved bytes grew. */
-static int64_t small_logits_step(fixture_t* f, int* grown) {
+ * pass beside a 24 MiB key/value block freed between the step's two logits of `logits` bytes
+ * (huge for the step, though under fate.c's kHuge) and an 8 MiB temporary. Returns reserved
+ * bytes at the second logits; *grown: in how many layers reserved bytes grew. */
+static int64_t small_model_logits_step(fixture_t* f, size_t logits, int* grown) {
   void *act[48], *kv[48];
   *grown = 0;
   for (int l = 0; l < 48; l++) {
@@ -1360,14 +1360,50 @@ static int64_t small_logits_step(fixture_t* f, int* grown) {
     fx_free(f, fx_alloc(f, 8 * MiB, S1));
     *grown += STAT(f, reserved_bytes, ALL, current) != r;
   }
-  void* logits1 = fx_alloc(f, 300 * MiB, S1);
+  void* logits1 = fx_alloc(f, logits, S1);
   for (int l = 0; l < 48; l++) fx_free(f, kv[l]);
-  void* logits2 = fx_alloc(f, 300 * MiB, S1);
+  void* logits2 = fx_alloc(f, logits, S1);
   int64_t reserved = STAT(f, reserved_bytes, LARGE, current);
   fx_free(f, logits1);
   fx_free(f, logits2);
   for (int l = 0; l < 48; l++) fx_free(f, act[l]);
   return reserved;
+}
+
+/* ... with 300 MiB logits (kRelHuge or more) */
+static int64_t small_logits_step(fixture_t* f, int* grown) {
+  return small_model_logits_step(f, 300 * MiB, grown);
+}
+
+/* Llama b1: weights (2100 MiB) that keep live bytes over half the step's peak (4028 MiB), so
+ * live bytes never halve and the heap never sees its first drop - but fate.c ends the step
+ * (its 200 MiB logits are huge for it while live bytes never halved), and the first forward
+ * pass is as surely over: a request of 48-128 MiB that no hole holds is stitched from the
+ * holes' edges and 2 MiB new, not grown by 50 MiB (as in the first forward pass). */
+TEST(a_mid_sized_request_takes_new_memory_in_a_range_once_a_step_has_ended) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  void* weights[21];
+  for (int i = 0; i < 21; i++) weights[i] = fx_alloc(&f, 100 * MiB, S1);
+  int g = 0;
+  small_model_logits_step(&f, 200 * MiB, &g);
+  int64_t res = STAT(&f, reserved_bytes, LARGE, current);
+  CHECK_EQ(res, 4228 * (int64_t)MiB);
+  void* fill[64]; /* the free memory in 50 MiB blocks, every other one freed: 50 MiB holes */
+  int n = 0;
+  while (n < 64 && STAT(&f, reserved_bytes, LARGE, current) == res) fill[n++] = fx_alloc(&f, 50 * MiB, S1);
+  for (int i = 0; i < n; i += 2) fx_free(&f, fill[i]);
+  int64_t r0 = STAT(&f, reserved_bytes, LARGE, current);
+  void* x = fx_alloc(&f, 100 * MiB, S1);
+  CHECK(find(&f, x).in_stitched);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current) - r0, 2 * (int64_t)MiB);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x);
+  for (int i = 1; i < n; i += 2) fx_free(&f, fill[i]);
+  for (int i = 0; i < 21; i++) fx_free(&f, weights[i]);
+  fx_free(&f, keep);
+  fx_close(&f);
 }
 
 /* The weights (1000 MiB) keep live bytes over a quarter of the step's peak, so the step ends
@@ -2976,6 +3012,7 @@ int main(void) {
   RUN(a_second_stream_turns_the_fates_off);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
   RUN(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once);
+  RUN(a_mid_sized_request_takes_new_memory_in_a_range_once_a_step_has_ended);
   RUN(random_operations_keep_the_heap_consistent);
   RUN(random_loops_keep_the_heap_consistent);
   TEST_MAIN_END();
