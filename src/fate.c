@@ -44,8 +44,8 @@
  * large activations of Swin and ViT come in runs that halve: once halved, such requests no
  * longer count, and a step whose huge requests were all of them gives no fates. Such a run's
  * first step would end only once live bytes fell under half its peak, and the weights it loads
- * keep them over that; its floor, for ending it, is the live bytes when the first recorded
- * block is freed (the weights loaded).
+ * keep them over that; its floor, for ending it, is the live bytes at the last large request
+ * before the first recorded block is freed (the weights loaded).
  *
  * Memory: two steps' tables of 24-byte slots, 2-4 slots per key; a failed host allocation
  * turns this off, which only ends the predictions.
@@ -142,10 +142,11 @@ static uint64_t rel_first(const stash_fate_t* F) {
 /* A request of kRelSmall or more, made while live bytes are high: it may be huge for the step. */
 static void rel_add(stash_fate_t* F, uint64_t clock, size_t size) {
   if (size < kRelSmall) return;
-  if (F->nrel == 64) { /* forget those that can no longer be huge */
+  if (F->nrel == 64) { /* forget those that can no longer be huge (the step's largest only
+                         * grows, and a run that has halved stays so) */
     int k = 0;
     for (int i = 0; i < F->nrel; i++)
-      if (2 * F->rel_size[i] >= F->largest) {
+      if (rel_huge(F, i)) {
         F->rel_clock[k] = F->rel_clock[i];
         F->rel_size[k++] = F->rel_size[i];
       }

@@ -249,7 +249,7 @@ typedef struct stash_fate_s {
   bool halved;               /* live bytes have fallen under half of peak_ever */
   bool prev_small;           /* the previous step's huge requests were all under kRelHuge */
   bool loaded;               /* a recorded block has been freed: the weights are loaded */
-  int64_t loaded_live;       /* live bytes then */
+  int64_t loaded_live;       /* live bytes at the last large request before that free */
 } stash_fate_t;
 
 STASH_HIDDEN void _stash_fate_init(stash_fate_t* F);

@@ -1601,12 +1601,11 @@ static stash_status_t stitch_pick(stash_heap_t* h, uint32_t slot, size_t n, size
   sb_block* t = a->last;
   if (got < n && t && t->kind == K_FREE && tag_ok(t, slot)) take_whole_handles(h, t, n, homes, &got);
   if (got < n) {
-    size_t first = a->mapped / G;
+    size_t first = a->mapped / G, fresh = (n - got) * G;
+    bool mapped_now = fresh < kLargeGrowBytes || (s->grown_to_peak && fresh <= kLargePieceMax);
     stash_status_t st =
         arena_grow(h, a, n - got, slot, true, piece_bytes(n * G, kStitchPiece, kStitchPieces, G),
-                   ((n - got) * G >= kLargeGrowBytes &&
-                    !(s->grown_to_peak && (n - got) * G <= kLargePieceMax)) ||
-                       s->tight);
+                   !mapped_now || s->tight);
     if (st != STASH_OK) return st;
     for (size_t p = first; got < n; p++) homes[got++] = (uint32_t)p;
   }
