@@ -30,7 +30,9 @@ turns.csv (--min-period 3): a turn T = alloc A 4, alloc B 2, free A, alloc C 6, 
   Life: O, then the B's (0-2, then 8-10 beside O), C's (2-8, 10-16), A's (2-6, 10-14): 16.
   The two traces above have no period: "-".
 
-Also: a gzipped copy reads the same, and no argument prints usage.
+Also: a gzipped copy reads the same, no argument prints usage (exit 2), -h and --help print it
+(exit 0), an unknown option is refused by name, and a file that is no trace or is missing
+gets one line naming it (exit 1).
 
   test_offline_bound.py TOOL
 """
@@ -96,6 +98,26 @@ def main():
         if usage.returncode != 2 or "offline" not in usage.stdout:
             print("no usage without arguments")
             bad += 1
+        for flag in ("-h", "--help"):
+            helped = subprocess.run([sys.executable, tool, flag], capture_output=True, text=True)
+            if helped.returncode != 0 or "offline" not in helped.stdout:
+                print("%s: no usage, or not exit 0" % flag)
+                bad += 1
+        wrong = subprocess.run([sys.executable, tool, "--min-perid", "3", paths[0]],
+                               capture_output=True, text=True)
+        if wrong.returncode != 2 or "unknown option --min-perid" not in wrong.stderr:
+            print("a misspelt option was not refused by name: %r" % wrong.stderr)
+            bad += 1
+        garbage = os.path.join(tmp, "garbage.csv")
+        with open(garbage, "w") as f:
+            f.write("not,a,trace\n1,2,3\n")
+        for path, why in ((garbage, "no column Action"),
+                          (os.path.join(tmp, "missing.csv"), "No such file")):
+            r = subprocess.run([sys.executable, tool, path], capture_output=True, text=True)
+            if r.returncode != 1 or "cannot read the trace" not in r.stderr or why not in r.stderr \
+                    or "Traceback" in r.stderr:
+                print("%s: want one line naming it (%s), got %r" % (path, why, r.stderr))
+                bad += 1
     return 1 if bad else 0
 
 

@@ -88,10 +88,22 @@ def lengthen(events, reps):
 
 
 def main():
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return
     if len(sys.argv) != 4:
         sys.exit(__doc__.strip())
-    events = read_events(sys.argv[1])
-    out, p = lengthen(events, int(sys.argv[3]))
+    if not sys.argv[3].isdigit() or int(sys.argv[3]) < 1:
+        sys.exit("lengthen_trace.py: N must be a positive number of steps, not %r" % sys.argv[3])
+    try:
+        events = read_events(sys.argv[1])
+    except (OSError, EOFError, ValueError, KeyError, IndexError, StopIteration,
+            pickle.UnpicklingError, UnicodeDecodeError) as e:
+        sys.exit("lengthen_trace.py: %s: cannot read the trace: %s" % (sys.argv[1], e or type(e).__name__))
+    try:
+        out, p = lengthen(events, int(sys.argv[3]))
+    except ValueError as e:
+        sys.exit("lengthen_trace.py: %s: %s" % (sys.argv[1], e))
     address = {}
     with gzip.open(sys.argv[2], "wt") as f:
         f.write("Thread,Time,Action,Pointer,Size,Stream\n")

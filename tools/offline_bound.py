@@ -65,7 +65,12 @@ def events(path):
             elif e["action"] == "free_completed":
                 yield "f", e["addr"], e["size"]
         return
-    for row in csv.DictReader(io.StringIO(data.decode())):
+    rows = csv.DictReader(io.StringIO(data.decode()))
+    missing = {"Action", "Pointer", "Size", "Stream"} - set(rows.fieldnames or ())
+    if missing:
+        raise ValueError("not an RMM CSV log or a PyTorch snapshot: no column %s" %
+                         ", ".join(sorted(missing)))
+    for row in rows:
         if row["Action"] == "allocate":
             yield "a", (row["Stream"], row["Pointer"]), int(row["Size"])
         elif row["Action"] == "free":
@@ -206,8 +211,16 @@ def main():
             print("offline_bound.py: --min-period wants a positive number", file=sys.stderr)
             return 2
         min_period, args = int(args[1]), args[2:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
     if not args:
         print(__doc__.strip())
+        return 2
+    unknown = [a for a in args if a.startswith("-")]
+    if unknown:
+        print("offline_bound.py: unknown option %s (usage: offline_bound.py [--min-period P] "
+              "TRACE [TRACE...]; --help for more)" % unknown[0], file=sys.stderr)
         return 2
     orders = (("size", BY_SIZE),
               ("life", lambda x: (x[0] - x[1], -x[2], x[0])),
@@ -217,7 +230,13 @@ def main():
     print("%-36s %7s %12s  %s" % ("trace", "blocks", "peak live", "  ".join(
         "%-22s" % ("extent by " + o) for o, _ in orders)))
     for path in args:
-        items = blocks(path)
+        try:
+            items = blocks(path)
+        except (OSError, EOFError, ValueError, KeyError, IndexError, StopIteration,
+                pickle.UnpicklingError, UnicodeDecodeError) as e:
+            print("offline_bound.py: %s: cannot read the trace: %s" % (path, e or type(e).__name__),
+                  file=sys.stderr)
+            return 1
         live = peak_live(items)
         cols = []
         for _, key in orders:
