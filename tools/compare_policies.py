@@ -9,10 +9,10 @@ peak reserved, utilization, bytes over the lowest anchor, modelled driver µs an
 default's, second-half provider calls, and which targets hold).
 
 A, B, ...: a setting each - "defaults" (the constants compiled in), "NAME=VALUE[,NAME=VALUE]"
-(policy:stash's constants, src/policy_stash.c's KNOB_ ones, e.g. kSmallGrowBytes=8388608:
-replayed by an experiment build, cmake -DSTASH_POLICY_KNOBS=ON, that the tool makes or brings
-up to date in --knob-build DIR, default build-knobs), or the path of a stash-replay binary
-(another commit's build).
+(policy:stash's constants, the KNOB_ ones of src/policy_stash.h and src/policy_stash.c, e.g.
+kSmallGrowBytes=8388608: replayed by an experiment build, cmake -DSTASH_POLICY_KNOBS=ON, that
+the tool makes or brings up to date in --knob-build DIR, default build-knobs), or the path of a
+stash-replay binary (another commit's build).
 Every setting after A is compared with A.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
