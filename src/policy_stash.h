@@ -396,7 +396,7 @@ STASH_HIDDEN stash_status_t _stash_sb_take_back_range(stash_heap_t* h, sb_arena*
 /* The index of the first physical allocation of arena a that ends after page p. */
 STASH_HIDDEN size_t _stash_sb_handle_after(const sb_arena* a, size_t p);
 /* Map and make accessible the allocations under [ptr, ptr + size) not yet usable at their
- * arena address (arena_ready's work). */
+ * arena address (arena_ready's work, called by it only once its test below finds one). */
 STASH_HIDDEN stash_status_t _stash_sb_arena_ready(stash_heap_t* h, sb_arena* a, uint64_t ptr,
                                                   size_t size);
 

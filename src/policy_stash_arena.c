@@ -420,8 +420,9 @@ size_t _stash_sb_handle_after(const sb_arena* a, size_t p) {
  * and not yet mapped at their arena address. On an error nothing is handed out; what was
  * mapped stays mapped (and an allocation mapped but refused access is retried next time). */
 stash_status_t _stash_sb_arena_ready(stash_heap_t* h, sb_arena* a, uint64_t ptr, size_t size) {
+  /* arena_ready (policy_stash.h), the only caller, has found an allocation under the block
+   * still waiting to be mapped: a->nlazy > 0 and hi > a->lazy_from */
   size_t lo = (size_t)(ptr - a->base) / G, hi = (size_t)(ptr + size - a->base + G - 1) / G;
-  if (!a->nlazy || hi <= a->lazy_from) return STASH_OK;
   for (size_t i = _stash_sb_handle_after(a, lo); i < a->nhandles && a->handles[i].first_page < hi;
        i++) {
     sb_handle* hd = &a->handles[i];
