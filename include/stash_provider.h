@@ -174,6 +174,17 @@ STASH_API double stash_sim_modeled_us(const stash_sim_t* sim);
 /* The same for one kind of call (STASH_CALL_ANY: all). */
 STASH_API double stash_sim_modeled_us_of(const stash_sim_t* sim, stash_provider_call_t call);
 
+/* Until called again (fn NULL: no more), fn(arg, call, bytes, us) after every call that
+ * succeeds: its kind, the bytes it was about (the size mapped, made accessible, created,
+ * reserved, ...; 0 for calls about no memory: events, streams, mem_info) and the microseconds
+ * stash_sim_modeled_us charged it - one call's share of that figure, so that a caller can
+ * say which of its own operations the modelled driver time went to (stash-replay --calls).
+ * fn runs under the simulator's lock, on the thread that made the call: it must not call
+ * the simulator. */
+typedef void (*stash_sim_call_fn)(void* arg, stash_provider_call_t call, uint64_t bytes,
+                                  double us);
+STASH_API void stash_sim_on_call(stash_sim_t* sim, stash_sim_call_fn fn, void* arg);
+
 /* Number of calls failed by injection so far. */
 STASH_API uint64_t stash_sim_injected(const stash_sim_t* sim);
 

@@ -115,6 +115,8 @@ struct stash_sim_s {
   stash_status_t fail_p_status[STASH_CALL_COUNT + 1];
   uint64_t rng;
   uint64_t injected;
+  stash_sim_call_fn on_call; /* stash_sim_on_call */
+  void* on_call_arg;
 };
 
 /* ---- Sorted range arrays ----------------------------------------------------------------- */
@@ -410,11 +412,14 @@ static stash_status_t enter(stash_sim_t* s, stash_provider_call_t call) {
     }                                                     \
   } while (0)
 
-#define COST(s, call, us)                         \
-  do {                                            \
-    double us_ = (us);                            \
-    (s)->cost_us += us_;                          \
-    (s)->cost_by[STASH_CALL_##call] += us_;       \
+/* Charge a call that succeeded its modelled cost, and tell stash_sim_on_call's hook (`bytes`:
+ * the size the call was about, 0 for none). */
+#define COST(s, call, us, bytes)                                              \
+  do {                                                                        \
+    double us_ = (us);                                                        \
+    (s)->cost_us += us_;                                                      \
+    (s)->cost_by[STASH_CALL_##call] += us_;                                   \
+    if ((s)->on_call) (s)->on_call((s)->on_call_arg, STASH_CALL_##call, (bytes), us_); \
   } while (0)
 
 #define LEAVE(s, status)              \
@@ -448,7 +453,7 @@ static stash_status_t sim_mem_info(void* ctx, int device, size_t* free_bytes, si
   if (device < 0 || device >= s->ndev) LEAVE(s, bad_device(device));
   *free_bytes = s->dev[device].capacity - s->dev[device].used;
   *total = s->dev[device].capacity;
-  COST(s, mem_info, 21.0);
+  COST(s, mem_info, 21.0, 0);
   LEAVE(s, STASH_OK);
 }
 
@@ -471,7 +476,7 @@ static stash_status_t sim_mem_alloc(void* ctx, int device, size_t size, uint64_t
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
   d->used += need;
-  COST(s, mem_alloc, interp_us(size, k_alloc_us, 3));
+  COST(s, mem_alloc, interp_us(size, k_alloc_us, 3), size);
   *ptr = va;
   LEAVE(s, STASH_OK);
 }
@@ -493,7 +498,7 @@ static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t s
   ra_remove_at(&d->allocs, i);
   place_free(s, ptr, need);
   d->used -= need;
-  COST(s, mem_free, interp_us(size, k_free_us, 3));
+  COST(s, mem_free, interp_us(size, k_free_us, 3), size);
   LEAVE(s, STASH_OK);
 }
 
@@ -511,7 +516,7 @@ static stash_status_t sim_va_reserve(void* ctx, int device, size_t size, uint64_
     va_give(s, start, size);
     LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   }
-  COST(s, va_reserve, 1.0); /* cuMemAddressReserve: 0.4-1.9 us */
+  COST(s, va_reserve, 1.0, size); /* cuMemAddressReserve: 0.4-1.9 us */
   *va = start;
   LEAVE(s, STASH_OK);
 }
@@ -534,7 +539,7 @@ static stash_status_t sim_va_free(void* ctx, int device, uint64_t va, size_t siz
   }
   ra_remove_at(&d->reservations, i);
   va_give(s, va, size);
-  COST(s, va_free, 1.0); /* cuMemAddressFree: not measured, taken as cuMemAddressReserve */
+  COST(s, va_free, 1.0, size); /* cuMemAddressFree: not measured, taken as cuMemAddressReserve */
   LEAVE(s, STASH_OK);
 }
 
@@ -558,7 +563,7 @@ static stash_status_t sim_phys_create(void* ctx, int device, size_t size, uint64
   h->device = device;
   d->used += size;
   d->handles++;
-  COST(s, phys_create, interp_us(size, k_create_us, 2));
+  COST(s, phys_create, interp_us(size, k_create_us, 2), size);
   *handle = id;
   LEAVE(s, STASH_OK);
 }
@@ -578,8 +583,9 @@ static stash_status_t sim_phys_release(void* ctx, int device, uint64_t id) {
                                   id));
   h->released = true;
   s->dev[device].handles--;
+  size_t size = h->size;
   if (h->maps == 0) handle_drop(s, id, h);
-  COST(s, phys_release, 9.3);
+  COST(s, phys_release, 9.3, size);
   LEAVE(s, STASH_OK);
 }
 
@@ -627,7 +633,7 @@ static stash_status_t sim_map(void* ctx, int device, uint64_t va, size_t size, u
     h->maps++;
     d->pages++;
   }
-  COST(s, map, 0.6);
+  COST(s, map, 0.6, size);
   LEAVE(s, STASH_OK);
 }
 
@@ -649,7 +655,7 @@ static stash_status_t sim_unmap(void* ctx, int device, uint64_t va, size_t size)
                                     "sim: unmap of part of a mapping at 0x%" PRIx64
                                     " (the driver unmaps whole mappings only)", pc->va));
   }
-  COST(s, unmap, pieces_cost(s, va, size, 12.5, 0.035, 0.012));
+  COST(s, unmap, pieces_cost(s, va, size, 12.5, 0.035, 0.012), size);
   for (uint64_t p = va; p < va + size; p += s->gran) {
     uint64_t pid = (uint64_t)(uintptr_t)_stash_ptrmap_take(&s->pages, p) >> 1;
     piece_t* pc = _stash_ptrmap_get(&s->pieces, pid);
@@ -674,7 +680,7 @@ static stash_status_t sim_set_access(void* ctx, int device, uint64_t va, size_t 
       LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: set_access on unmapped page 0x%" PRIx64,
                                     p));
   }
-  COST(s, set_access, pieces_cost(s, va, size, 18.5, 0.07, 0.033));
+  COST(s, set_access, pieces_cost(s, va, size, 18.5, 0.07, 0.033), size);
   for (uint64_t p = va; p < va + size; p += s->gran) {
     uint64_t v = (uint64_t)(uintptr_t)_stash_ptrmap_get(&s->pages, p);
     _stash_ptrmap_put(&s->pages, p, (void*)(uintptr_t)(v | 1));
@@ -708,7 +714,7 @@ static stash_status_t sim_event_create(void* ctx, int device, uint64_t* event) {
   e->device = device;
   e->stream = -1;
   s->dev[device].events++;
-  COST(s, event_create, 0.31);
+  COST(s, event_create, 0.31, 0);
   *event = id;
   LEAVE(s, STASH_OK);
 }
@@ -723,7 +729,7 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   e->stream = si;
   e->seq = ++s->streams[si].recorded;
-  COST(s, event_record, 0.20);
+  COST(s, event_record, 0.20, 0);
   LEAVE(s, STASH_OK);
 }
 
@@ -736,7 +742,7 @@ static stash_status_t sim_event_query(void* ctx, uint64_t event) {
   ENTER(s, event_query);
   sim_event_t* e = _stash_ptrmap_get(&s->events, event);
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
-  COST(s, event_query, 0.19);
+  COST(s, event_query, 0.19, 0);
   LEAVE(s, event_done(s, e) ? STASH_OK : STASH_ERR_NOT_READY);
 }
 
@@ -747,7 +753,7 @@ static stash_status_t sim_event_synchronize(void* ctx, uint64_t event) {
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   /* Waiting lets the stream run up to the event. */
   if (!event_done(s, e)) s->streams[e->stream].completed = e->seq;
-  COST(s, event_synchronize, 0.19); /* not measured: taken as cuEventQuery, the wait itself not counted */
+  COST(s, event_synchronize, 0.19, 0); /* not measured: taken as cuEventQuery, the wait itself not counted */
   LEAVE(s, STASH_OK);
 }
 
@@ -758,7 +764,7 @@ static stash_status_t sim_event_destroy(void* ctx, uint64_t event) {
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   s->dev[e->device].events--;
   _stash_slab_free(&s->event_slab, e);
-  COST(s, event_destroy, 0.12);
+  COST(s, event_destroy, 0.12, 0);
   LEAVE(s, STASH_OK);
 }
 
@@ -769,7 +775,7 @@ static stash_status_t sim_stream_synchronize(void* ctx, int device, void* stream
   int si = stream_index(s, stream);
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
   s->streams[si].completed = s->streams[si].recorded;
-  COST(s, stream_synchronize, 3.0); /* not measured: an idle stream's synchronize, a few us */
+  COST(s, stream_synchronize, 3.0, 0); /* not measured: an idle stream's synchronize, a few us */
   LEAVE(s, STASH_OK);
 }
 
@@ -914,6 +920,13 @@ double stash_sim_modeled_us(const stash_sim_t* cs) {
   double v = s->cost_us;
   pthread_mutex_unlock(&s->lock);
   return v;
+}
+
+void stash_sim_on_call(stash_sim_t* s, stash_sim_call_fn fn, void* arg) {
+  pthread_mutex_lock(&s->lock);
+  s->on_call = fn;
+  s->on_call_arg = fn ? arg : NULL;
+  pthread_mutex_unlock(&s->lock);
 }
 
 double stash_sim_modeled_us_of(const stash_sim_t* cs, stash_provider_call_t call) {

@@ -269,6 +269,66 @@ TEST(fault_injection_counts) {
   stash_sim_destroy(sim);
 }
 
+/* stash_sim_on_call's hook: every call that succeeded, once, with its bytes and its share of
+ * stash_sim_modeled_us; failed calls and calls after the hook is removed are not told. */
+typedef struct told_s {
+  int n[STASH_CALL_COUNT];
+  uint64_t bytes[STASH_CALL_COUNT];
+  double us;
+} told_t;
+
+static void tell(void* arg, stash_provider_call_t call, uint64_t bytes, double us) {
+  told_t* t = arg;
+  t->n[call]++;
+  t->bytes[call] += bytes;
+  t->us += us;
+}
+
+TEST(every_call_is_told_with_its_cost) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 0, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  told_t t = {{0}, {0}, 0};
+  size_t fr, tot;
+  CHECK_OK(p->mem_info(x, 0, &fr, &tot)); /* before the hook: not told */
+  double c0 = stash_sim_modeled_us(sim);
+  stash_sim_on_call(sim, tell, &t);
+  uint64_t a, va, h;
+  CHECK_OK(p->mem_alloc(x, 0, 20 * MiB, &a));
+  stash_sim_fail_nth(sim, STASH_CALL_phys_create, 1, STASH_ERR_OOM);
+  CHECK_EQ(p->phys_create(x, 0, 8 * MiB, &h), STASH_ERR_OOM); /* failed: not told */
+  CHECK_EQ(p->map(x, 0, 0, 2 * MiB, 12345, 0), STASH_ERR_DRIVER); /* refused: not told */
+  CHECK_OK(p->va_reserve(x, 0, 32 * MiB, &va));
+  CHECK_OK(p->phys_create(x, 0, 8 * MiB, &h));
+  CHECK_OK(p->map(x, 0, va, 8 * MiB, h, 0));
+  CHECK_OK(p->set_access(x, 0, va, 8 * MiB));
+  CHECK_OK(p->mem_info(x, 0, &fr, &tot));
+  CHECK_OK(p->unmap(x, 0, va, 8 * MiB));
+  CHECK_OK(p->phys_release(x, 0, h));
+  CHECK_EQ(t.n[STASH_CALL_mem_alloc], 1);
+  CHECK_EQ(t.bytes[STASH_CALL_mem_alloc], 20 * MiB);
+  CHECK_EQ(t.n[STASH_CALL_phys_create], 1);
+  CHECK_EQ(t.bytes[STASH_CALL_phys_create], 8 * MiB);
+  CHECK_EQ(t.n[STASH_CALL_map], 1);
+  CHECK_EQ(t.bytes[STASH_CALL_set_access], 8 * MiB);
+  CHECK_EQ(t.bytes[STASH_CALL_va_reserve], 32 * MiB);
+  CHECK_EQ(t.n[STASH_CALL_mem_info], 1);
+  CHECK_EQ(t.bytes[STASH_CALL_mem_info], 0);
+  CHECK_EQ(t.n[STASH_CALL_unmap], 1);
+  CHECK_EQ(t.bytes[STASH_CALL_phys_release], 8 * MiB); /* its size, though it is gone */
+  CHECK_NEAR(t.us, stash_sim_modeled_us(sim) - c0); /* every microsecond, once */
+  CHECK_NEAR(t.us, 36.0 + 1.0 + 7.3 * 1 + (13.0 - 7.3) * 6.0 / 510.0 + 0.6 + 18.5 + 0.07 * 8 +
+                       21.0 + 12.5 + 0.035 * 8 + 9.3);
+  stash_sim_on_call(sim, NULL, &t); /* removed */
+  double told = t.us;
+  CHECK_OK(p->va_free(x, 0, va, 32 * MiB));
+  CHECK_OK(p->mem_free(x, 0, a, 20 * MiB));
+  CHECK_NEAR(t.us, told);
+  CHECK_EQ(t.n[STASH_CALL_va_free] + t.n[STASH_CALL_mem_free], 0);
+  stash_sim_destroy(sim);
+}
+
 int main(void) {
   RUN(placement_matches_the_driver);
   RUN(freed_ranges_are_reused_lowest_first);
@@ -276,5 +336,6 @@ int main(void) {
   RUN(illegal_calls_are_errors);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);
+  RUN(every_call_is_told_with_its_cost);
   TEST_MAIN_END();
 }

@@ -508,6 +508,159 @@ def test_output_that_names_another_trace_or_an_option_is_refused():
         os.chdir(cwd)
 
 
+# ---- --calls ----------------------------------------------------------------------------
+
+CALL_LINE = re.compile(r"^(?:event (\d+) \(line (\d+), (alloc|free) ([\d.]+) MiB\)|creating the heap):"
+                       r" (.*); ([\d.]+) us, ([\d.]+) so far$")
+CALL_ITEM = re.compile(r"^(\w+) (\d+)(?: \(([\d.]+) MiB\))? ([\d.]+) us$")
+
+
+def calls(path, *args, confs=(PT,)):
+    """stash-replay --json --calls on path: {conf: section}, {conf: JSON line}; a section is
+    {"events": [(event, line, what, MiB, {kind: (n, us)}, us, so_far)], "total": (us, n),
+    "by_kind": {kind: (n, us)}, "tenths": [us x 10], "top": [(event, us)]}."""
+    out_path = os.path.join(TMP, "calls.txt")
+    rc, out, err = run("--json", "--calls", out_path, *sum([["--conf", c] for c in confs], []),
+                       *args, path)
+    check_eq(rc, 0, "exit code: %s" % err)
+    rows = {json.loads(l)["conf"]: json.loads(l) for l in out.splitlines()}
+    sections, cur = {}, None
+    with open(out_path) as f:
+        for line in f.read().splitlines():
+            if line.startswith("# "):
+                conf = line.split(" under ", 1)[1]
+                cur = sections[conf] = {"events": [], "by_kind": {}, "top": []}
+                continue
+            m = CALL_LINE.match(line)
+            if m:
+                items = {}
+                for it in m.group(5).split(", "):
+                    mi = CALL_ITEM.match(it)
+                    check(mi is not None, "unexpected call item %r in %r" % (it, line))
+                    items[mi.group(1)] = (int(mi.group(2)), float(mi.group(4)))
+                ev = int(m.group(1)) if m.group(1) else 0
+                cur["events"].append((ev, int(m.group(2) or 0), m.group(3),
+                                      float(m.group(4) or 0), items, float(m.group(6)),
+                                      float(m.group(7))))
+            elif line.startswith("total: "):
+                m = re.match(r"^total: ([\d.]+) us in (\d+) calls$", line)
+                check(m is not None, "bad total line %r" % line)
+                cur["total"] = (float(m.group(1)), int(m.group(2)))
+            elif line.startswith("by kind: "):
+                for it in line[len("by kind: "):].split(", "):
+                    m = re.match(r"^(\w+) (\d+) calls? ([\d.]+) us \([\d.]+%\)$", it)
+                    check(m is not None, "bad by-kind item %r" % it)
+                    cur["by_kind"][m.group(1)] = (int(m.group(2)), float(m.group(3)))
+            elif line.startswith("by tenth of the trace's events, us: "):
+                cur["tenths"] = [float(x) for x in line.split(": ", 1)[1].split()]
+            elif line.startswith("costliest events: "):
+                for it in line[len("costliest events: "):].split(", "):
+                    m = re.match(r"^event (\d+) \(line \d+\) ([\d.]+) us$", it)
+                    check(m is not None, "bad costliest item %r" % it)
+                    cur["top"].append((int(m.group(1)), float(m.group(2))))
+            else:
+                raise Failure("unexpected --calls line %r" % line)
+    return sections, rows
+
+
+def check_calls_section(name, sec, row):
+    """Every microsecond of the JSON's modeled_driver_us, and every call it counts, on one
+    line of the section."""
+    events = sec["events"]
+    evs = [e[0] for e in events]
+    check(evs == sorted(set(evs)), "%s: events not in order, or one twice" % name)
+    check(all(1 <= e <= row["events"] for e in evs[1:]) and evs[0] in (0, 1),
+          "%s: an event number out of range" % name)
+    so_far = 0.0
+    for ev, line, what, mib, items, us, acc in events:
+        check(abs(sum(u for _, u in items.values()) - us) <= 0.05 * len(items) + 1e-9,
+              "%s: event %d's calls do not add up to its %.1f us" % (name, ev, us))
+        so_far += us
+        check(abs(so_far - acc) <= 0.05 * len(events), "%s: event %d's running total" % (name, ev))
+    total_us, total_n = sec["total"]
+    check(abs(total_us - row["modeled_driver_us"]) <= 0.051,
+          "%s: total %.1f us, JSON %.3f" % (name, total_us, row["modeled_driver_us"]))
+    check(abs(sum(e[5] for e in events) - total_us) <= 0.05 * len(events) + 0.05,
+          "%s: the events' lines add up to the total" % name)
+    want = {k: v for k, v in row["calls"].items() if v[0]}
+    check_eq({k: v[0] for k, v in sec["by_kind"].items()}, {k: v[0] for k, v in want.items()},
+             "%s: calls by kind against the JSON" % name)
+    for k, (n, us) in sec["by_kind"].items():
+        check(abs(us - want[k][1]) <= 0.051, "%s: %s's us against the JSON" % (name, k))
+        check_eq(sum(e[4].get(k, (0, 0))[0] for e in events), n, "%s: %s calls over the lines" % (name, k))
+    check_eq(total_n, sum(v[0] for v in want.values()), "%s: the total's calls" % name)
+    check(abs(sum(sec["tenths"]) - total_us) <= 0.5, "%s: the tenths add up to the total" % name)
+    costs = sorted((e[5] for e in events if e[0]), reverse=True)[:5]
+    check_eq([t[1] for t in sec["top"]], costs, "%s: the costliest events" % name)
+
+
+def test_calls_account_for_the_driver_time():
+    # --calls puts each provider call, with its share of modeled_driver_us, on the line of the
+    # event that made it: the lines add up to the JSON's figure and its counts, call for call.
+    name = "resnet50_train.csv.gz"
+    path = os.path.join(DATA, "traces", name)
+    confs = ("policy:stash", PT, PT_EXP)
+    sections, rows = calls(path, confs=confs)
+    for c in confs:
+        check_calls_section("%s under %s" % (name, c), sections[c], rows[c])
+        # a CSV trace's event n is on line n + 1 (the header is line 1)
+        check(all(e[1] == e[0] + 1 for e in sections[c]["events"] if e[0]),
+              "%s: an event's line" % c)
+    # the decisions are the same with the log as without
+    rc, out, err = run("--json", *sum([["--conf", c] for c in confs], []), path)
+    for l in out.splitlines():
+        r = json.loads(l)
+        for k in ("peak_reserved_bytes", "device_allocs", "modeled_driver_us", "calls"):
+            check_eq(rows[r["conf"]][k], r[k], "%s under %s without --calls" % (k, r["conf"]))
+    # policy:pytorch's default makes one cudaMalloc per new segment: each on the event whose
+    # allocation found no cached block, and nothing else after creating the heap
+    pt = sections[PT]["events"]
+    check(all(set(e[4]) == {"mem_alloc"} and e[2] == "alloc" for e in pt[1:]),
+          "policy:pytorch: only allocations call, and only cudaMalloc")
+
+
+def test_calls_on_two_streams_and_empty_cache():
+    # Events on a second stream, and empty_cache between steps: the calls of a free (unmap,
+    # release, cudaFree) are on that free's line.
+    rows = []
+    for step in range(3):
+        rows += [("allocate", "0x%x" % (0x10000000 * (i + 1)), (64 + 32 * i) * MiB, "0x0" if i % 2 else "0x7")
+                 for i in range(6)]
+        rows += [("free", "0x%x" % (0x10000000 * (i + 1)), (64 + 32 * i) * MiB, "0x0" if i % 2 else "0x7")
+                 for i in range(6)]
+    path = write("calls-streams.csv", trace_text(rows))
+    confs = ("policy:stash", PT, PT_EXP)
+    sections, out_rows = calls(path, "--empty-cache-between-steps", confs=confs)
+    for c in confs:
+        check_calls_section("under %s" % c, sections[c], out_rows[c])
+        freeing = [e for e in sections[c]["events"] if e[2] == "free"]
+        check(freeing and all(set(e[4]) & {"unmap", "phys_release", "mem_free"} for e in freeing),
+              "%s: empty_cache's calls on the free that made it" % c)
+
+
+def test_calls_refused():
+    trace = os.path.join(DATA, "traces", "resnet50_train.csv.gz")
+    out_path = os.path.join(TMP, "refused-calls.txt")
+    for args, pattern in [
+            (("--calls", out_path, "--provider", "cuda", trace), "with --provider cuda there are none"),
+            (("--calls", "-", "--explain", "-", trace), "--explain and --calls both write to stderr"),
+            (("--calls", out_path, "--explain", out_path, trace), "--explain and --calls both write"),
+            (("--calls", trace, "--conf", PT), "--calls '%s' is also a trace" % trace),
+            (("--calls", "--conf", PT, trace), "--calls '--conf' looks like an option")]:
+        rc, out, err = run(*args)
+        check_eq(rc, 2, "exit code of %r" % (args,))
+        check(pattern in err, "message of %r: %r" % (args, err))
+    check(not os.path.exists(out_path), "nothing written")
+    rc, out, err = run("--calls", os.path.join(TMP, "no-such-dir", "x.txt"), trace)
+    check_eq(rc, 2, "exit code")
+    check("--calls: cannot write" in err, "message: %r" % err)
+    # '-': stderr, one section per configuration
+    rc, out, err = run("--calls", "-", "--conf", PT, trace)
+    check_eq(rc, 0, "exit code of --calls -: %s" % err)
+    check(err.count("# resnet50_train.csv.gz under policy:pytorch") == 1 and "total: " in err,
+          "--calls - writes to stderr: %r" % err[-500:])
+
+
 # ---- bad inputs --------------------------------------------------------------------------
 
 

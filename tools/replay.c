@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "call_log.h"
 #include "stash_provider.h"
 
 static double now_ns(void) {
@@ -231,7 +232,13 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     check.sim = sim;
   }
   if (st != STASH_OK) return st;
+  call_log_t log;
+  if (opts->calls && sim) {
+    call_log_begin(&log, opts->calls, t->nevents);
+    stash_sim_on_call(sim, call_log_hook, &log);
+  }
   st = stash_heap_create(conf, provider, device, &heap);
+  if (opts->calls && sim) call_log_event(&log, 0, 0, false, 0);
   if (st != STASH_OK) goto done;
   ptrs = calloc(t->nallocs ? t->nallocs : 1, sizeof *ptrs);
   if (!ptrs) {
@@ -346,6 +353,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
         out->empty_caches++;
       }
     }
+    if (opts->calls && sim) call_log_event(&log, i + 1, e->line, e->op == TRACE_ALLOC, e->size);
     if (opts->series || opts->layout || opts->explain) {
       uint64_t res = stash_heap_reserved_bytes(heap);
       if (opts->series) {
@@ -403,6 +411,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   out->device_frees = (uint64_t)out->stats.num_device_free;
   out->alloc_retries = (uint64_t)out->stats.num_alloc_retries;
   if (sim) {
+    if (opts->calls) call_log_end(&log); /* (with the events' calls: before the heap goes) */
     out->modeled_driver_us = stash_sim_modeled_us(sim);
     for (int k = 0; k < STASH_CALL_COUNT; k++) {
       out->calls[k] = stash_sim_calls(sim, (stash_provider_call_t)k);
@@ -432,6 +441,7 @@ done:
     stash_status_t d = stash_heap_destroy(heap);
     if (st == STASH_OK) st = d;
   }
+  if (sim) stash_sim_on_call(sim, NULL, NULL);
   stash_sim_destroy(sim);
   return st;
 }

@@ -84,6 +84,10 @@ typedef struct replay_opts_s {
    * memory), with the free memory of its pool just before it - why it did not fit. (The
    * caller prints where the memory was at the peak: replay_peak_text.) */
   FILE* explain;
+  /* If set (simulated device only): one line here for every event that made provider calls,
+   * with their kinds, bytes and modelled cost, then the totals (call_log.h): where
+   * modeled_driver_us went. */
+  FILE* calls;
   /* Called now and then with the events done so far (e.g. a progress bar). */
   void (*progress)(uint64_t done, uint64_t total, void* arg);
   void* progress_arg;

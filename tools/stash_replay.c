@@ -1,7 +1,8 @@
 /* stash-replay: replay allocation traces through stash on a simulated device and report
  * what each configuration reserves.
  *
- *   stash-replay [--conf STR]... [--capacity SIZE] [--json] [--check N]
+ *   stash-replay [--conf STR]... [--capacity SIZE] [--json [--series N]] [--check N]
+ *                [--html FILE] [--explain FILE] [--calls FILE]
  *                [--trace-addresses] [--empty-cache-between-steps] [--provider sim|cuda]
  *                [--device N] [--driver-check]
  *                [TRACE...]
@@ -70,9 +71,14 @@ static void usage(FILE* f) {
           "                   then, per pool, where the reserved bytes were when they first\n"
           "                   reached their peak: live, rounding, pending free, lent to\n"
           "                   stitched blocks, holes, free at segment ends ('-': stderr)\n"
-          "                   (an --html or --explain FILE that is one of the traces, an\n"
-          "                   existing trace file, a name beginning with '-', or\n"
-          "                   both the same file, is refused: nothing is written)\n"
+          "  --calls FILE     simulated: write there, per trace and configuration, every event\n"
+          "                   that made provider calls, with their kinds, bytes and modelled\n"
+          "                   cost, and the running total; then the totals by kind, by tenth\n"
+          "                   of the trace, and the costliest events: where driver ms went\n"
+          "                   ('-': stderr)\n"
+          "                   (an --html, --explain or --calls FILE that is one of the traces,\n"
+          "                   an existing trace file, a name beginning with '-', or another\n"
+          "                   output's file, is refused: nothing is written)\n"
           "  -h, --help       this text\n"
           "\n"
           "With no trace: %s/traces/resnet50_train.csv.gz under policy:stash and\n"
@@ -283,22 +289,40 @@ static bool looks_like_a_trace(const char* path) {
          (n >= 7 && !memcmp(b, "Thread,", 7));
 }
 
-/* An output path (--html, --explain) that is one of the traces, or the other output, or an
- * existing trace file, or that looks like an option: refused before anything is written, so
- * that a slip of the argument order ("--explain TRACE", the file forgotten) loses no trace. */
-static bool output_clashes(const char* what, const char* path, const char* other_what,
-                           const char* other, const char* const* traces, int ntraces) {
+/* The files stash-replay writes besides stdout: --html, and --explain and --calls (which
+ * may write to stderr, "-"). */
+typedef struct output_s {
+  const char* what; /* the option */
+  const char* path; /* NULL: not asked for */
+  bool may_stderr;  /* "-" means stderr */
+} output_t;
+
+/* Whether outs[k]'s path is one of the traces, or an earlier output's, or an existing trace
+ * file, or looks like an option: refused before anything is written, so that a slip of the
+ * argument order ("--explain TRACE", the file forgotten) loses no trace. */
+static bool output_clashes(const output_t* outs, int k, const char* const* traces, int ntraces) {
+  const char* what = outs[k].what;
+  const char* path = outs[k].path;
   if (!path) return false;
-  if (!strcmp(path, "-")) { /* --explain's stderr; a page has no stream of its own */
-    if (!strcmp(what, "--explain")) return false;
-    fprintf(stderr, "stash-replay: %s needs a file to write, not '-' (stdout carries the "
-                    "table or the JSON)\n", what);
-    return true;
+  if (!strcmp(path, "-")) { /* stderr, for the text outputs; a page has no stream of its own */
+    if (!outs[k].may_stderr) {
+      fprintf(stderr, "stash-replay: %s needs a file to write, not '-' (stdout carries the "
+                      "table or the JSON)\n", what);
+      return true;
+    }
+    for (int j = 0; j < k; j++) {
+      if (outs[j].path && !strcmp(outs[j].path, "-")) {
+        fprintf(stderr, "stash-replay: %s and %s both write to stderr ('-'): give one of "
+                        "them a file\n", outs[j].what, what);
+        return true;
+      }
+    }
+    return false;
   }
   if (path[0] == '-') {
     fprintf(stderr, "stash-replay: %s '%s' looks like an option, not a file to write "
-                    "(%s FILE%s)\n", what, path, what,
-            strcmp(what, "--explain") ? "" : ", or --explain - for stderr");
+                    "(%s FILE%s%s)\n", what, path, what, outs[k].may_stderr ? ", or " : "",
+            outs[k].may_stderr ? "- for stderr" : "");
     return true;
   }
   for (int i = 0; i < ntraces; i++) {
@@ -308,9 +332,12 @@ static bool output_clashes(const char* what, const char* path, const char* other
       return true;
     }
   }
-  if (other && (!strcmp(path, other) || same_file(path, other))) {
-    fprintf(stderr, "stash-replay: %s and %s both write '%s'\n", what, other_what, path);
-    return true;
+  for (int j = 0; j < k; j++) {
+    const char* other = outs[j].path;
+    if (other && (!strcmp(path, other) || same_file(path, other))) {
+      fprintf(stderr, "stash-replay: %s and %s both write '%s'\n", outs[j].what, what, path);
+      return true;
+    }
   }
   if (looks_like_a_trace(path)) {
     fprintf(stderr, "stash-replay: %s '%s' is a trace file: it would be overwritten "
@@ -318,6 +345,21 @@ static bool output_clashes(const char* what, const char* path, const char* other
             what);
     return true;
   }
+  return false;
+}
+
+/* Open a text output ("-": stderr); NULL, with a message, if it cannot be written. */
+static FILE* output_open(const output_t* o) {
+  FILE* f = !strcmp(o->path, "-") ? stderr : fopen(o->path, "w");
+  if (!f) fprintf(stderr, "stash-replay: %s: cannot write '%s'\n", o->what, o->path);
+  return f;
+}
+
+/* Close a text output; false, with a message, if writing it failed. */
+static bool output_close(const output_t* o, FILE* f) {
+  if (!f || f == stderr) return true;
+  if (fclose(f) == 0) return true;
+  fprintf(stderr, "stash-replay: %s: error writing '%s'\n", o->what, o->path);
   return false;
 }
 
@@ -330,6 +372,7 @@ int main(int argc, char** argv) {
   bool json = false;
   const char* html_path = NULL;
   const char* explain_path = NULL;
+  const char* calls_path = NULL;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -343,7 +386,8 @@ int main(int argc, char** argv) {
       opts.empty_cache_between_steps = true;
     } else if (!strcmp(a, "--driver-check")) {
       opts.driver_check = true;
-    } else if (!strcmp(a, "--html") || !strcmp(a, "--series") || !strcmp(a, "--explain")) {
+    } else if (!strcmp(a, "--html") || !strcmp(a, "--series") || !strcmp(a, "--explain") ||
+               !strcmp(a, "--calls")) {
       if (i + 1 >= argc) {
         fprintf(stderr, "stash-replay: %s needs a value\n", a);
         return 2;
@@ -353,6 +397,8 @@ int main(int argc, char** argv) {
         html_path = v;
       } else if (!strcmp(a, "--explain")) {
         explain_path = v;
+      } else if (!strcmp(a, "--calls")) {
+        calls_path = v;
       } else if (!trace_parse_size(v, &g_series_points) || g_series_points == 0 ||
                  g_series_points > 10000000) {
         fprintf(stderr, "stash-replay: --series: '%s' is not a number of points (1..10000000)\n", v);
@@ -414,6 +460,11 @@ int main(int argc, char** argv) {
   }
   if (opts.cuda) {
     const stash_provider_t* p;
+    if (calls_path) {
+      fprintf(stderr, "stash-replay: --calls lists the simulated device's modelled costs; with "
+                      "--provider cuda there are none\n");
+      return 2;
+    }
     if (opts.capacity) {
       fprintf(stderr, "stash-replay: --capacity applies to the simulated device, not to a GPU\n");
       return 2;
@@ -437,9 +488,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (output_clashes("--explain", explain_path, "--html", html_path, traces, ntraces) ||
-      output_clashes("--html", html_path, "--explain", NULL, traces, ntraces))
-    return 2;
+  const output_t outs[] = {{"--explain", explain_path, true},
+                           {"--html", html_path, false},
+                           {"--calls", calls_path, true}};
+  enum { OUT_EXPLAIN, OUT_HTML, OUT_CALLS, NOUTS };
+  for (int k = 0; k < NOUTS; k++)
+    if (output_clashes(outs, k, traces, ntraces)) return 2;
   FILE* html = NULL;
   if (html_path) {
     html = fopen(html_path, "w");
@@ -451,13 +505,8 @@ int main(int argc, char** argv) {
     opts.series = opts.layout = true;
   }
   if (g_series_points) opts.series = true;
-  if (explain_path) {
-    opts.explain = !strcmp(explain_path, "-") ? stderr : fopen(explain_path, "w");
-    if (!opts.explain) {
-      fprintf(stderr, "stash-replay: --explain: cannot write '%s'\n", explain_path);
-      return 2;
-    }
-  }
+  if (explain_path && !(opts.explain = output_open(&outs[OUT_EXPLAIN]))) return 2;
+  if (calls_path && !(opts.calls = output_open(&outs[OUT_CALLS]))) return 2;
   progress_t bar = {NULL, -1};
   bool tty = isatty(2);
   int rc = 0;
@@ -477,6 +526,7 @@ int main(int argc, char** argv) {
       opts.progress = tty && t.nevents >= 200000 ? progress_cb : NULL;
       opts.progress_arg = &bar;
       if (opts.explain) fprintf(opts.explain, "# %s under %s\n", t.name, confs[c]);
+      if (opts.calls) fprintf(opts.calls, "# %s under %s\n", t.name, confs[c]);
       stash_status_t st = replay_run(&t, &parsed[c], &opts, &results[c]);
       if (opts.progress) fprintf(stderr, "\r%*s\r", 80, "");
       ok[c] = st == STASH_OK;
@@ -511,10 +561,8 @@ int main(int argc, char** argv) {
     for (int c = 0; c < nconfs; c++) replay_result_free(&results[c]);
     trace_free(&t);
   }
-  if (opts.explain && opts.explain != stderr && fclose(opts.explain) != 0) {
-    fprintf(stderr, "stash-replay: --explain: error writing '%s'\n", explain_path);
-    rc = 1;
-  }
+  if (!output_close(&outs[OUT_EXPLAIN], opts.explain)) rc = 1;
+  if (!output_close(&outs[OUT_CALLS], opts.calls)) rc = 1;
   if (html) {
     html_end(html);
     if (fclose(html) != 0) {
