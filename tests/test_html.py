@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """stash-replay --html, opened in a real browser: headless Chromium (Debian's chromium
 package) renders the page and takes a screenshot; the screenshot must show the plots (not
-blank: the live and the reserved curves drawn in their colours) and the layout at the peak.
-The page must also stand alone: no script, no external resource.
+blank: the live and the reserved curves, and the modelled driver time so far, drawn in their
+colours) and the layout at the peak. The page must also stand alone: no script, no external
+resource. Its table gives each setting's modelled driver time and late calls as the JSON does.
 
   test_html.py STASH_REPLAY DATA_DIR
 
 Skips (exit 77) without chromium, unless STASH_REQUIRE_BROWSER=1 (CI sets it).
 """
+import json
 import os
 import re
 import shutil
@@ -19,6 +21,7 @@ import zlib
 
 REPLAY, DATA = (os.path.abspath(a) for a in sys.argv[1:3])
 LIVE, RESERVED, LAYOUT_LIVE = (0x1f, 0x77, 0xb4), (0xd6, 0x27, 0x28), (0x2b, 0x8a, 0x3e)
+DRIVER = (0xe8, 0x59, 0x0c)
 
 
 def png_pixels(path):
@@ -73,18 +76,28 @@ def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         page, shot = os.path.join(tmp, "r.html"), os.path.join(tmp, "shot.png")
-        p = subprocess.run([REPLAY, "--html", page, "--conf", "policy:stash", "--conf",
+        p = subprocess.run([REPLAY, "--json", "--html", page, "--conf", "policy:stash", "--conf",
                             "policy:pytorch", os.path.join(DATA, "traces", "resnet50_train.csv.gz")],
                            capture_output=True, text=True, timeout=300)
         if p.returncode or not os.path.exists(page):
             print("FAIL: stash-replay --html\n" + p.stdout + p.stderr)
             return 1
         html = open(page).read()
+        rows = [json.loads(l) for l in p.stdout.splitlines()]
+        cells = re.findall(r"<td>([\d.]+)</td><td>(\d+)</td></tr>", html)
+        want = [("%.2f" % (r["modeled_driver_us"] / 1000.0),
+                 str(r["device_allocs_second_half"] + r["device_frees_second_half"])) for r in rows]
+        if cells != want:
+            failures.append("the table's driver ms and late calls %r, the JSON's %r" % (cells, want))
+        notes = re.findall(r"Modelled driver time so far: ([\d.]+) ms at the end", html)
+        if notes != [w[0] for w in want]:
+            failures.append("the driver strips say %r, the JSON %r" % (notes, [w[0] for w in want]))
         for bad in ("<script", "http://", "https://", "src=", "@import"):
             if bad in html.replace("http://www.w3.org/2000/svg", ""):
                 failures.append("the page is not self-contained: it has %r" % bad)
-        if html.count("<polyline") != 4:
-            failures.append("%d curves, expected 4 (live and reserved, 2 settings)" % html.count("<polyline"))
+        if html.count("<polyline") != 6:
+            failures.append("%d curves, expected 6 (live, reserved and driver time, 2 settings)"
+                            % html.count("<polyline"))
         r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                             "--window-size=1100,1100", "--screenshot=" + shot, "file://" + page],
                            capture_output=True, text=True, timeout=120)
@@ -93,7 +106,7 @@ def main():
             return 1
         w, h, rows = png_pixels(shot)
         colours = {}
-        counts = {"live": 0, "reserved": 0, "layout": 0, "non-white": 0}
+        counts = {"live": 0, "reserved": 0, "layout": 0, "driver": 0, "non-white": 0}
         for row in rows:
             for px in row:
                 if px != (255, 255, 255):
@@ -104,6 +117,8 @@ def main():
                     counts["reserved"] += 1
                 elif near(px, LAYOUT_LIVE, 25):
                     counts["layout"] += 1
+                elif near(px, DRIVER, 30):
+                    counts["driver"] += 1
         print("screenshot %dx%d: %s" % (w, h, counts))
         if counts["non-white"] < w * h // 50:
             failures.append("the screenshot is (nearly) blank")
@@ -113,6 +128,8 @@ def main():
             failures.append("the reserved curve is not drawn")
         if counts["layout"] < 500:
             failures.append("the layout at the peak is not drawn")
+        if counts["driver"] < 300:
+            failures.append("the driver time curve is not drawn")
     for f in failures:
         print("FAIL: " + f)
     print("%d failure(s)" % len(failures))

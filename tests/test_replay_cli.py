@@ -638,6 +638,49 @@ def test_calls_on_two_streams_and_empty_cache():
               "%s: empty_cache's calls on the free that made it" % c)
 
 
+def test_series():
+    # --series N: live and reserved bytes, and (simulated) the modelled driver time so far,
+    # in N buckets of events, each at the event where its reserved bytes were highest.
+    rows = []
+    for step in range(3):
+        rows += [("allocate", "0x%x" % (0x10000000 * (i + 1)), (64 + 32 * i) * MiB, "0x0")
+                 for i in range(5)]
+        rows += [("free", "0x%x" % (0x10000000 * (i + 1)), (64 + 32 * i) * MiB, "0x0")
+                 for i in range(5)]
+    path = write("series.csv", trace_text(rows))
+    for conf in ("policy:stash", PT):
+        rc, out, err = run("--json", "--series", 1000, "--conf", conf, path)
+        check_eq(rc, 0, "exit code: %s" % err)
+        r = json.loads(out)
+        s = r["series"]
+        n = len(rows)
+        check_eq(s["event"], list(range(1, n + 1)), "%s: one point per event" % conf)
+        live, want = 0, []
+        for action, _, size, _ in rows:
+            live += size if action == "allocate" else -size
+            want.append(live)
+        check_eq(s["live"], want, "%s: live bytes after each event" % conf)
+        check_eq(max(s["reserved"]), r["peak_reserved_bytes"], "%s: reserved's peak" % conf)
+        d = s["driver_us"]
+        check(all(a <= b for a, b in zip(d, d[1:])), "%s: driver time never falls" % conf)
+        check(d[0] >= 21.0, "%s: the heap's creation (cuMemGetInfo) comes first" % conf)
+        check(abs(d[-1] - r["modeled_driver_us"]) <= 0.051, "%s: driver time at the end" % conf)
+        # the events that made calls are the ones --calls lists
+        sections, _ = calls(path, confs=(conf,))
+        moved = ([1] if d[0] > 21.05 else []) + [i + 1 for i in range(1, n) if d[i] > d[i - 1]]
+        listed = [e[0] for e in sections[conf]["events"] if e[0] and e[5] > 0.05]
+        check_eq(sorted(moved), listed, "%s: events whose driver time grew" % conf)
+    # buckets: 7 points for the shared trace; the peaks survive
+    rc, out, err = run("--json", "--series", 7, "--conf", "policy:stash",
+                       os.path.join(DATA, "traces", "resnet50_train.csv.gz"))
+    r = json.loads(out)
+    s = r["series"]
+    check_eq([len(s[k]) for k in ("event", "live", "reserved", "driver_us")], [7] * 4, "lengths")
+    check_eq(max(s["reserved"]), r["peak_reserved_bytes"], "reserved's peak in 7 points")
+    check_eq(max(s["live"]), r["peak_live_bytes"], "live's peak in 7 points")
+    check(all(a < b for a, b in zip(s["event"], s["event"][1:])), "events in order")
+
+
 def test_calls_refused():
     trace = os.path.join(DATA, "traces", "resnet50_train.csv.gz")
     out_path = os.path.join(TMP, "refused-calls.txt")

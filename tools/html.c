@@ -1,6 +1,6 @@
 /* html.c: stash-replay's report as one self-contained HTML page - inline SVG, no script,
  * no network: per trace, the table; per configuration, live and reserved bytes over the
- * trace, and the memory layout when reserved first reached its peak (each segment a bar,
+ * trace, the modelled driver time so far (simulated), and the memory layout when reserved first reached its peak (each segment a bar,
  * each block a stretch of it: live, waiting for another stream, cached, lent, unmapped),
  * with each pool's account of it in words (replay_peak_text). */
 #include "html.h"
@@ -17,7 +17,7 @@
 static const char* const k_style =
     "body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}"
     "h1{font-size:20px}h2{font-size:17px;margin-top:32px}h3{font-size:15px;margin:20px 0 6px}"
-    "table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;text-align:right;white-space:nowrap;"
+    "table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 8px;text-align:right;white-space:nowrap;"
     "border-bottom:1px solid #ddd}td:first-child,th:first-child{text-align:left}"
     ".best{font-weight:bold;background:#eef7ee}.note{color:#666;font-size:12px}"
     ".legend span{display:inline-block;margin-right:16px}"
@@ -80,6 +80,40 @@ static void plot(FILE* f, const replay_result_t* r, uint64_t events, uint64_t ym
   fputs("</svg>\n", f);
 }
 
+#define DH 90 /* the driver-time strip's height */
+
+/* The simulated device's modelled driver time so far over the trace (the value at the end of
+ * each bucket of events), on a scale shared by the trace's configurations (dmax us), with
+ * the trace's halfway mark: a steady state's calls would come after it. */
+static void driver_strip(FILE* f, const replay_result_t* r, uint64_t events, double dmax) {
+  if (!r->series_driver_us || !events || dmax <= 0) return;
+  fprintf(f, "<svg class='driver' width='%d' height='%d' viewBox='0 0 %d %d' "
+          "xmlns='http://www.w3.org/2000/svg'>\n", W, DH, W, DH);
+  fprintf(f, "<rect x='%d' y='6' width='%d' height='%d' fill='#fcfcfd' stroke='#bbb'/>\n", PAD,
+          W - PAD - 8, DH - 20);
+  double ytop = 6 + (DH - 20) * 0.1; /* dmax, a little under the frame */
+  fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#eee'/>"
+          "<text x='%d' y='%.1f' font-size='11' text-anchor='end' fill='#666'>%.1f ms</text>"
+          "<text x='%d' y='%d' font-size='11' text-anchor='end' fill='#666'>0</text>\n",
+          PAD, W - 8, ytop, ytop, PAD - 4, ytop + 4, dmax / 1000.0, PAD - 4, DH - 14);
+  double xmid = PAD + (double)(W - PAD - 8) / 2.0;
+  fprintf(f, "<line x1='%.1f' x2='%.1f' y1='6' y2='%d' stroke='#999' stroke-dasharray='4 3'/>"
+          "<text x='%.1f' y='%d' font-size='11' fill='#666'> second half</text>\n", xmid, xmid,
+          DH - 14, xmid, DH - 2);
+  size_t pts = events < MAXPTS ? events : MAXPTS;
+  fprintf(f, "<polyline fill='none' stroke='#e8590c' stroke-width='1.6' points='");
+  for (size_t p = 0; p < pts; p++) {
+    size_t b = (p + 1) * events / pts;
+    double x = PAD + (double)(W - PAD - 8) * (double)p / (double)(pts > 1 ? pts - 1 : 1);
+    double y = 6 + (double)(DH - 20) * (1.0 - 0.9 * r->series_driver_us[b - 1] / dmax);
+    fprintf(f, "%.1f,%.1f ", x, y);
+  }
+  fputs("'/>\n</svg>\n", f);
+  fprintf(f, "<p class='note driver'>Modelled driver time so far: %.2f ms at the end, "
+          "%" PRIu64 " provider calls in the second half.</p>\n", r->modeled_driver_us / 1000.0,
+          r->device_allocs_second_half + r->device_frees_second_half);
+}
+
 /* The layout: a bar per segment (stitched ranges too), width by size on one scale. */
 static void layout(FILE* f, const replay_result_t* r) {
   if (!r->nlayout) return;
@@ -116,7 +150,7 @@ static void table(FILE* f, const char* const* confs, const replay_result_t* rs, 
                   int n, int best) {
   fputs("<table><tr><th>configuration</th><th>peak live</th><th>peak reserved</th>"
         "<th>utilization</th><th>wasted</th><th>device allocs</th><th>device frees</th>"
-        "<th>OOMs</th><th>ns/event</th></tr>\n", f);
+        "<th>OOMs</th><th>ns/event</th><th>driver ms</th><th>late calls</th></tr>\n", f);
   for (int c = 0; c < n; c++) {
     if (!ok[c]) continue;
     const replay_result_t* r = &rs[c];
@@ -127,9 +161,14 @@ static void table(FILE* f, const char* const* confs, const replay_result_t* rs, 
     fprintf(f, "<tr%s><td>%s", c == best ? " class='best'" : "", c == best ? "&#9733; " : "");
     esc(f, confs[c]);
     fprintf(f, "</td><td>%.2f GiB</td><td>%.2f GiB</td><td>%.1f%%</td><td>%.2f GiB</td>"
-            "<td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%.0f</td></tr>\n",
+            "<td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%.0f</td>",
             gib(r->peak_live_bytes), gib(r->peak_reserved_bytes), util, gib(wasted),
             r->device_allocs, r->device_frees, r->ooms, r->ns_per_event);
+    if (r->series_driver_us) /* simulated: the modelled driver time, and the steady state's */
+      fprintf(f, "<td>%.2f</td><td>%" PRIu64 "</td></tr>\n", r->modeled_driver_us / 1000.0,
+              r->device_allocs_second_half + r->device_frees_second_half);
+    else
+      fputs("<td>-</td><td>-</td></tr>\n", f);
   }
   fputs("</table>\n", f);
 }
@@ -152,6 +191,9 @@ void html_trace(FILE* f, const trace_t* t, const char* const* confs, const repla
   uint64_t ymax = 1;
   for (int c = 0; c < n; c++)
     if (ok[c] && rs[c].peak_reserved_bytes > ymax) ymax = rs[c].peak_reserved_bytes;
+  double dmax = 0;
+  for (int c = 0; c < n; c++)
+    if (ok[c] && rs[c].modeled_driver_us > dmax) dmax = rs[c].modeled_driver_us;
   fputs("<p class='legend'><span><span class='sw' style='background:#1f77b4'></span>live "
         "(bytes the program holds)</span><span><span class='sw' style='background:#d62728'>"
         "</span>reserved (bytes the allocator holds)</span></p>\n", f);
@@ -161,6 +203,7 @@ void html_trace(FILE* f, const trace_t* t, const char* const* confs, const repla
     esc(f, confs[c]);
     fprintf(f, "</h3>\n");
     if (rs[c].series_live) plot(f, &rs[c], t->nevents, ymax);
+    driver_strip(f, &rs[c], t->nevents, dmax);
     if (rs[c].nlayout) {
       fprintf(f, "<p class='note'>Memory at the peak (after event %" PRIu64 ", %.2f GiB "
               "reserved): one bar per segment, to scale.</p>\n", rs[c].layout_event,

@@ -205,6 +205,8 @@ bool replay_peak_text(const replay_result_t* r, bool small, char* buf, size_t si
 void replay_result_free(replay_result_t* r) {
   free(r->series_live);
   free(r->series_reserved);
+  free(r->series_driver_us);
+  r->series_driver_us = NULL;
   layout_free(r->layout, r->nlayout);
   r->series_live = r->series_reserved = NULL;
   r->layout = NULL;
@@ -281,7 +283,8 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   if (opts->series) {
     out->series_live = malloc((t->nevents ? t->nevents : 1) * sizeof *out->series_live);
     out->series_reserved = malloc((t->nevents ? t->nevents : 1) * sizeof *out->series_reserved);
-    if (!out->series_live || !out->series_reserved) {
+    if (sim) out->series_driver_us = malloc((t->nevents ? t->nevents : 1) * sizeof(double));
+    if (!out->series_live || !out->series_reserved || (sim && !out->series_driver_us)) {
       st = STASH_ERR_HOST_OOM;
       goto done;
     }
@@ -359,6 +362,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       if (opts->series) {
         out->series_live[i] = live;
         out->series_reserved[i] = res;
+        if (sim) out->series_driver_us[i] = stash_sim_modeled_us(sim);
       }
       if ((opts->layout || opts->explain) && res > layout_peak) {
         layout_peak = res;

@@ -42,6 +42,7 @@ typedef struct replay_result_s {
    * every event (events entries each); free with replay_result_free. */
   uint64_t* series_live;
   uint64_t* series_reserved;
+  double* series_driver_us; /* simulated: the modelled driver time so far (else NULL) */
   /* With opts.layout or opts.explain: the heap's segments and blocks when reserved first
    * reached its peak. */
   struct replay_segment_s* layout;

@@ -64,6 +64,7 @@ static void usage(FILE* f) {
           "  --html FILE      also write a self-contained HTML page: per configuration, live\n"
           "                   and reserved bytes over the trace and the memory at the peak\n"
           "  --series N       with --json: add live and reserved bytes over the trace, N points\n"
+          "                   (simulated: and the modelled driver time so far, us)\n"
           "  --explain FILE   write there, per trace and configuration, every allocation that\n"
           "                   made reserved bytes grow (or ran out of memory): its size, reserved\n"
           "                   before and after, live bytes, and the free blocks of its pool just\n"
@@ -240,9 +241,10 @@ static void progress_cb(uint64_t done, uint64_t total, void* arg) {
 static void print_series(const replay_result_t* r, uint64_t events, uint64_t points) {
   if (!r->series_live || !points) return;
   uint64_t pts = events < points ? events : points;
-  const char* names[3] = {"event", "live", "reserved"};
+  const char* names[4] = {"event", "live", "reserved", "driver_us"};
+  int nk = r->series_driver_us ? 4 : 3;
   printf(", \"series\": {");
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < nk; k++) {
     printf("%s\"%s\": [", k ? ", " : "", names[k]);
     for (uint64_t p = 0; p < pts; p++) {
       uint64_t a = p * events / pts, b = (p + 1) * events / pts, v = 0, at = b;
@@ -253,7 +255,10 @@ static void print_series(const replay_result_t* r, uint64_t events, uint64_t poi
           at = i + 1;
         }
       }
-      printf("%s%llu", p ? ", " : "", (unsigned long long)(k == 0 ? at : v));
+      if (k == 3) /* the driver time so far at the event the bucket names */
+        printf("%s%.1f", p ? ", " : "", r->series_driver_us[at - 1]);
+      else
+        printf("%s%llu", p ? ", " : "", (unsigned long long)(k == 0 ? at : v));
     }
     printf("]");
   }
