@@ -83,13 +83,15 @@ def main():
             continue
         for setting, conf, g in zip(settings, confs, got):
             rows += 1
-            # the driver-time model and the second half's provider calls are the simulated
-            # device's counts: numbers there, null (nothing counted) on a GPU
-            sim_only = [g[k] for k in ("modeled_driver_us", "device_allocs_second_half",
-                                       "device_frees_second_half")]
-            if (provider == "sim") != all(v is not None for v in sim_only) or \
-                    (provider != "sim" and any(v is not None for v in sim_only)):
-                print("%s %s: sim-only fields %s on provider %s" % (name, conf, sim_only, provider))
+            # the driver time modelled (simulated) or measured (a GPU); the calls of the second
+            # half counted on both
+            modeled, measured = g["modeled_driver_us"], g.get("measured_driver_us")
+            late = [g[k] for k in ("device_allocs_second_half", "device_frees_second_half")]
+            if (provider == "sim") != (modeled is not None) or \
+                    (provider != "sim") != (measured is not None) or \
+                    any(not isinstance(v, int) for v in late):
+                print("%s %s: driver time %s / %s, late calls %s on provider %s" % (
+                    name, conf, modeled, measured, late, provider))
                 failures += 1
             want = t["pytorch"][setting]
             assert g["conf"] == conf

@@ -542,8 +542,8 @@ def calls(path, *args, confs=(PT,)):
                 cur["events"].append((ev, int(m.group(2) or 0), m.group(3),
                                       float(m.group(4) or 0), items, float(m.group(6)),
                                       float(m.group(7))))
-            elif line.startswith("total: "):
-                m = re.match(r"^total: ([\d.]+) us in (\d+) calls$", line)
+            elif line.startswith("total "):
+                m = re.match(r"^total \(modelled on an H200\): ([\d.]+) us in (\d+) calls$", line)
                 check(m is not None, "bad total line %r" % line)
                 cur["total"] = (float(m.group(1)), int(m.group(2)))
             elif line.startswith("by kind: "):
@@ -685,7 +685,6 @@ def test_calls_refused():
     trace = os.path.join(DATA, "traces", "resnet50_train.csv.gz")
     out_path = os.path.join(TMP, "refused-calls.txt")
     for args, pattern in [
-            (("--calls", out_path, "--provider", "cuda", trace), "with --provider cuda there are none"),
             (("--calls", "-", "--explain", "-", trace), "--explain and --calls both write to stderr"),
             (("--calls", out_path, "--explain", out_path, trace), "--explain and --calls both write"),
             (("--calls", trace, "--conf", PT), "--calls '%s' is also a trace" % trace),
@@ -700,7 +699,7 @@ def test_calls_refused():
     # '-': stderr, one section per configuration
     rc, out, err = run("--calls", "-", "--conf", PT, trace)
     check_eq(rc, 0, "exit code of --calls -: %s" % err)
-    check(err.count("# resnet50_train.csv.gz under policy:pytorch") == 1 and "total: " in err,
+    check(err.count("# resnet50_train.csv.gz under policy:pytorch") == 1 and "total (" in err,
           "--calls - writes to stderr: %r" % err[-500:])
 
 

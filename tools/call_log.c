@@ -5,10 +5,11 @@
 
 #define MIB(x) ((double)(x) / 1048576.0)
 
-void call_log_begin(call_log_t* L, FILE* f, uint64_t nevents) {
+void call_log_begin(call_log_t* L, FILE* f, uint64_t nevents, bool measured) {
   memset(L, 0, sizeof *L);
   L->f = f;
   L->nevents = nevents;
+  L->measured = measured;
 }
 
 void call_log_hook(void* arg, stash_provider_call_t call, uint64_t bytes, double us) {
@@ -72,7 +73,9 @@ void call_log_end(call_log_t* L) {
   memset(L->us, 0, sizeof L->us);
   uint64_t calls = 0;
   for (int k = 0; k < STASH_CALL_COUNT; k++) calls += L->total_n[k];
-  fprintf(L->f, "total: %.1f us in %llu calls\n", L->total, (unsigned long long)calls);
+  fprintf(L->f, "total (%s): %.1f us in %llu calls\n",
+          L->measured ? "measured wall time" : "modelled on an H200", L->total,
+          (unsigned long long)calls);
   if (!calls) return;
   fprintf(L->f, "by kind:");
   bool done[STASH_CALL_COUNT] = {false};

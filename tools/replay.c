@@ -13,6 +13,7 @@
 
 #include "call_log.h"
 #include "stash_provider.h"
+#include "timed_provider.h"
 
 static double now_ns(void) {
   struct timespec ts;
@@ -234,13 +235,21 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     check.sim = sim;
   }
   if (st != STASH_OK) return st;
+  /* Where the driver time goes: the simulated device tells its modelled cost of each call; on
+   * a GPU the heap's calls go through a provider that measures them (the replay's own
+   * cuMemGetInfo readings, --driver-check, do not). */
   call_log_t log;
-  if (opts->calls && sim) {
-    call_log_begin(&log, opts->calls, t->nevents);
-    stash_sim_on_call(sim, call_log_hook, &log);
+  if (opts->calls) call_log_begin(&log, opts->calls, t->nevents, !sim);
+  timed_provider_t timed;
+  const stash_provider_t* heap_provider = provider;
+  if (sim) {
+    if (opts->calls) stash_sim_on_call(sim, call_log_hook, &log);
+  } else {
+    timed_provider_init(&timed, provider, opts->calls ? call_log_hook : NULL, &log);
+    heap_provider = &timed.table;
   }
-  st = stash_heap_create(conf, provider, device, &heap);
-  if (opts->calls && sim) call_log_event(&log, 0, 0, false, 0);
+  st = stash_heap_create(conf, heap_provider, device, &heap);
+  if (opts->calls) call_log_event(&log, 0, 0, false, 0);
   if (st != STASH_OK) goto done;
   ptrs = calloc(t->nallocs ? t->nallocs : 1, sizeof *ptrs);
   if (!ptrs) {
@@ -293,11 +302,11 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   double t0 = now_ns();
   for (size_t i = 0; i < t->nevents; i++) {
     const trace_event_t* e = &t->events[i];
-    if (sim && i == half) {
+    if (i == half) {
       for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++)
-        half_allocs += stash_sim_calls(sim, allocs[k]);
+        half_allocs += sim ? stash_sim_calls(sim, allocs[k]) : timed.calls[allocs[k]];
       for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++)
-        half_frees += stash_sim_calls(sim, frees[k]);
+        half_frees += sim ? stash_sim_calls(sim, frees[k]) : timed.calls[frees[k]];
     }
     void* stream = streams[e->stream];
     if (e->op == TRACE_ALLOC) {
@@ -356,7 +365,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
         out->empty_caches++;
       }
     }
-    if (opts->calls && sim) call_log_event(&log, i + 1, e->line, e->op == TRACE_ALLOC, e->size);
+    if (opts->calls) call_log_event(&log, i + 1, e->line, e->op == TRACE_ALLOC, e->size);
     if (opts->series || opts->layout || opts->explain) {
       uint64_t res = stash_heap_reserved_bytes(heap);
       if (opts->series) {
@@ -414,8 +423,20 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   out->device_allocs = (uint64_t)out->stats.num_device_alloc;
   out->device_frees = (uint64_t)out->stats.num_device_free;
   out->alloc_retries = (uint64_t)out->stats.num_alloc_retries;
+  if (opts->calls) call_log_end(&log); /* (with the events' calls: before the heap goes) */
+  if (!sim) { /* on a GPU: the calls counted and timed on their way to the driver */
+    out->measured_driver_us = timed.total_us;
+    uint64_t a = 0, f = 0;
+    for (int k = 0; k < STASH_CALL_COUNT; k++) {
+      out->calls[k] = timed.calls[k];
+      out->driver_us[k] = timed.us[k];
+    }
+    for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++) a += timed.calls[allocs[k]];
+    for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++) f += timed.calls[frees[k]];
+    out->device_allocs_second_half = a - half_allocs;
+    out->device_frees_second_half = f - half_frees;
+  }
   if (sim) {
-    if (opts->calls) call_log_end(&log); /* (with the events' calls: before the heap goes) */
     out->modeled_driver_us = stash_sim_modeled_us(sim);
     for (int k = 0; k < STASH_CALL_COUNT; k++) {
       out->calls[k] = stash_sim_calls(sim, (stash_provider_call_t)k);

@@ -35,8 +35,10 @@ typedef struct replay_result_s {
   uint64_t driver_checks;          /* readings taken */
   uint64_t driver_used_at_peak;    /* the reading when reserved bytes were at their peak */
   int64_t driver_gap_max;          /* the largest |driver in use - reserved| seen */
-  uint64_t calls[STASH_CALL_COUNT];  /* simulated: provider calls of each kind */
-  double driver_us[STASH_CALL_COUNT]; /* simulated: their modelled cost */
+  uint64_t calls[STASH_CALL_COUNT];  /* provider calls of each kind (on a GPU too) */
+  double driver_us[STASH_CALL_COUNT]; /* simulated: their modelled cost; on a GPU: their
+                                         measured wall time (timed_provider.h) */
+  double measured_driver_us;     /* on a GPU: the heap's provider calls' wall time, us */
   stash_stats_t stats;           /* the heap's statistics at the end */
   /* With opts.series: live (requested bytes of served allocations) and reserved bytes after
    * every event (events entries each); free with replay_result_free. */
@@ -85,9 +87,9 @@ typedef struct replay_opts_s {
    * memory), with the free memory of its pool just before it - why it did not fit. (The
    * caller prints where the memory was at the peak: replay_peak_text.) */
   FILE* explain;
-  /* If set (simulated device only): one line here for every event that made provider calls,
-   * with their kinds, bytes and modelled cost, then the totals (call_log.h): where
-   * modeled_driver_us went. */
+  /* If set: one line here for every event that made provider calls, with their kinds, bytes
+   * and modelled cost (on a GPU: measured wall time), then the totals (call_log.h): where
+   * modeled_driver_us (measured_driver_us) went. */
   FILE* calls;
   /* Called now and then with the events done so far (e.g. a progress bar). */
   void (*progress)(uint64_t done, uint64_t total, void* arg);

@@ -72,11 +72,11 @@ static void usage(FILE* f) {
           "                   then, per pool, where the reserved bytes were when they first\n"
           "                   reached their peak: live, rounding, pending free, lent to\n"
           "                   stitched blocks, holes, free at segment ends ('-': stderr)\n"
-          "  --calls FILE     simulated: write there, per trace and configuration, every event\n"
-          "                   that made provider calls, with their kinds, bytes and modelled\n"
-          "                   cost, and the running total; then the totals by kind, by tenth\n"
-          "                   of the trace, and the costliest events: where driver ms went\n"
-          "                   ('-': stderr)\n"
+          "  --calls FILE     write there, per trace and configuration, every event that made\n"
+          "                   provider calls, with their kinds, bytes and modelled cost (with\n"
+          "                   --provider cuda: measured wall time), and the running total;\n"
+          "                   then the totals by kind, by tenth of the trace, and the costliest\n"
+          "                   events: where driver ms went ('-': stderr)\n"
           "                   (an --html, --explain or --calls FILE that is one of the traces,\n"
           "                   an existing trace file, a name beginning with '-', or another\n"
           "                   output's file, is refused: nothing is written)\n"
@@ -126,28 +126,27 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
          (unsigned long long)r->device_allocs, (unsigned long long)r->device_frees,
          (unsigned long long)r->alloc_retries, (unsigned long long)r->ooms, r->ns_per_event);
   printf(", \"empty_caches\": %llu", (unsigned long long)r->empty_caches);
-  /* The modelled driver time and the provider calls of the second half are counted by the
-   * simulated device only: null on a real one (not zero - nothing was counted). */
-  if (strcmp(provider, "sim") != 0) {
-    printf(", \"modeled_driver_us\": null, \"device_allocs_second_half\": null, "
-           "\"device_frees_second_half\": null");
-  } else {
-    printf(", \"modeled_driver_us\": %.1f, \"device_allocs_second_half\": %llu, "
-           "\"device_frees_second_half\": %llu",
-           r->modeled_driver_us, (unsigned long long)r->device_allocs_second_half,
-           (unsigned long long)r->device_frees_second_half);
-    /* every kind of call made: how many, and their modelled cost */
-    printf(", \"calls\": {");
-    int first = 1;
-    for (int k = 0; k < STASH_CALL_COUNT; k++) {
-      if (!r->calls[k]) continue;
-      printf("%s\"%s\": [%llu, %.1f]", first ? "" : ", ",
-             stash_provider_call_name((stash_provider_call_t)k), (unsigned long long)r->calls[k],
-             r->driver_us[k]);
-      first = 0;
-    }
-    printf("}");
+  /* The driver time is modelled by the simulated device (null on a real one: nothing was
+   * modelled), and measured on a real one (timed_provider.h); the provider calls, and those
+   * of the second half, are counted on both. */
+  bool sim = !strcmp(provider, "sim");
+  if (sim)
+    printf(", \"modeled_driver_us\": %.1f", r->modeled_driver_us);
+  else
+    printf(", \"modeled_driver_us\": null, \"measured_driver_us\": %.1f", r->measured_driver_us);
+  printf(", \"device_allocs_second_half\": %llu, \"device_frees_second_half\": %llu",
+         (unsigned long long)r->device_allocs_second_half,
+         (unsigned long long)r->device_frees_second_half);
+  /* every kind of call made: how many, and their modelled cost (measured on a GPU) */
+  printf(", \"%s\": {", sim ? "calls" : "measured_calls");
+  const char* sep = "";
+  for (int k = 0; k < STASH_CALL_COUNT; k++) {
+    if (!r->calls[k]) continue;
+    printf("%s\"%s\": [%llu, %.1f]", sep, stash_provider_call_name((stash_provider_call_t)k),
+           (unsigned long long)r->calls[k], r->driver_us[k]);
+    sep = ", ";
   }
+  printf("}");
   if (r->ooms)
     printf(", \"first_oom_line\": %llu, \"first_oom_event\": %llu, \"first_oom_size\": %llu, "
            "\"first_oom_live_bytes\": %llu, \"first_oom_live_allocations\": %llu",
@@ -175,19 +174,18 @@ static void print_table_header(const trace_t* t) {
          "late", "OOMs", "ns/event");
 }
 
-/* modeled: the driver time is the simulated device's model (not measured on a GPU). */
+/* modeled: the driver time is the simulated device's model (else measured on a GPU). */
 static void print_table_row(const char* conf, const replay_result_t* r, bool best, bool modeled) {
   double util = r->peak_reserved_bytes ? 100.0 * (double)r->peak_live_bytes /
                                              (double)r->peak_reserved_bytes
                                        : 0.0;
   uint64_t wasted = r->peak_reserved_bytes > r->peak_live_bytes
                         ? r->peak_reserved_bytes - r->peak_live_bytes : 0;
-  char driver[32] = "-", late[32] = "-"; /* counted by the simulated device only */
-  if (modeled) {
-    snprintf(driver, sizeof driver, "%.2f", r->modeled_driver_us / 1000.0);
-    snprintf(late, sizeof late, "%llu",
-             (unsigned long long)(r->device_allocs_second_half + r->device_frees_second_half));
-  }
+  char driver[32], late[32];
+  snprintf(driver, sizeof driver, "%.2f",
+           (modeled ? r->modeled_driver_us : r->measured_driver_us) / 1000.0);
+  snprintf(late, sizeof late, "%llu",
+           (unsigned long long)(r->device_allocs_second_half + r->device_frees_second_half));
   printf("%c %-44s %15llu %9.2f %5.1f%% %9.2f %9.2f %7llu %7llu %9s %6s %5llu %9.0f\n",
          best ? '*' : ' ', conf, (unsigned long long)r->peak_reserved_bytes,
          gib(r->peak_reserved_bytes), util, gib(wasted), gib(r->peak_live_bytes),
@@ -465,11 +463,6 @@ int main(int argc, char** argv) {
   }
   if (opts.cuda) {
     const stash_provider_t* p;
-    if (calls_path) {
-      fprintf(stderr, "stash-replay: --calls lists the simulated device's modelled costs; with "
-                      "--provider cuda there are none\n");
-      return 2;
-    }
     if (opts.capacity) {
       fprintf(stderr, "stash-replay: --capacity applies to the simulated device, not to a GPU\n");
       return 2;
@@ -560,7 +553,8 @@ int main(int argc, char** argv) {
       }
       printf("  (* least reserved; util = peak live / peak reserved; wasted = peak reserved - "
              "peak live, GiB; dev+/dev- = device allocations/frees; driver ms = the provider "
-             "calls' cost modelled on an H200; late = provider calls in the second half)\n");
+             "calls' cost %s; late = provider calls in the second half)\n",
+             opts.cuda ? "measured on this GPU (wall time)" : "modelled on an H200");
     }
     if (html) html_trace(html, &t, confs, results, ok, nconfs, best);
     for (int c = 0; c < nconfs; c++) replay_result_free(&results[c]);
