@@ -80,4 +80,19 @@ static inline void fx_close(fixture_t* f) {
 
 #define STAT(f, name, pool, field) (fx_stats(f).name[STASH_STAT_##pool].field)
 
+/* A stash_sim_call_fn that tallies what it is told: calls and bytes by kind, and microseconds
+ * (stash_sim_on_call; tools/timed_provider.c's hook). */
+typedef struct fx_told_s {
+  uint64_t n[STASH_CALL_COUNT];
+  uint64_t bytes[STASH_CALL_COUNT];
+  double us;
+} fx_told_t;
+
+static inline void fx_tell(void* arg, stash_provider_call_t call, uint64_t bytes, double us) {
+  fx_told_t* t = (fx_told_t*)arg;
+  t->n[call]++;
+  t->bytes[call] += bytes;
+  t->us += us;
+}
+
 #endif

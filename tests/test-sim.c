@@ -271,29 +271,16 @@ TEST(fault_injection_counts) {
 
 /* stash_sim_on_call's hook: every call that succeeded, once, with its bytes and its share of
  * stash_sim_modeled_us; failed calls and calls after the hook is removed are not told. */
-typedef struct told_s {
-  int n[STASH_CALL_COUNT];
-  uint64_t bytes[STASH_CALL_COUNT];
-  double us;
-} told_t;
-
-static void tell(void* arg, stash_provider_call_t call, uint64_t bytes, double us) {
-  told_t* t = arg;
-  t->n[call]++;
-  t->bytes[call] += bytes;
-  t->us += us;
-}
-
 TEST(every_call_is_told_with_its_cost) {
   stash_sim_t* sim;
   CHECK_OK(stash_sim_create(1, 0, &sim));
   const stash_provider_t* p = stash_sim_provider(sim);
   void* x = p->ctx;
-  told_t t = {{0}, {0}, 0};
+  fx_told_t t = {{0}, {0}, 0};
   size_t fr, tot;
   CHECK_OK(p->mem_info(x, 0, &fr, &tot)); /* before the hook: not told */
   double c0 = stash_sim_modeled_us(sim);
-  stash_sim_on_call(sim, tell, &t);
+  stash_sim_on_call(sim, fx_tell, &t);
   uint64_t a, va, h;
   CHECK_OK(p->mem_alloc(x, 0, 20 * MiB, &a));
   stash_sim_fail_nth(sim, STASH_CALL_phys_create, 1, STASH_ERR_OOM);

@@ -7,19 +7,6 @@
 #include "fixture.h"
 #include "timed_provider.h"
 
-typedef struct told_s {
-  uint64_t n[STASH_CALL_COUNT];
-  uint64_t bytes[STASH_CALL_COUNT];
-  double us;
-} told_t;
-
-static void tell(void* arg, stash_provider_call_t call, uint64_t bytes, double us) {
-  told_t* t = arg;
-  t->n[call]++;
-  t->bytes[call] += bytes;
-  t->us += us;
-}
-
 /* A training-step-like workload through a heap on the wrapped simulated device. */
 static void workload(stash_heap_t* heap) {
   void* p[64];
@@ -36,8 +23,8 @@ static void one_policy(const char* conf_text) {
   stash_sim_t* sim;
   CHECK_OK(stash_sim_create(1, 0, &sim));
   timed_provider_t timed;
-  told_t told = {{0}, {0}, 0};
-  timed_provider_init(&timed, stash_sim_provider(sim), tell, &told);
+  fx_told_t told = {{0}, {0}, 0};
+  timed_provider_init(&timed, stash_sim_provider(sim), fx_tell, &told);
   stash_conf_t conf;
   stash_conf_init(&conf);
   CHECK_OK(stash_conf_parse(&conf, conf_text));

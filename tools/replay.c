@@ -214,6 +214,24 @@ void replay_result_free(replay_result_t* r) {
   r->nlayout = 0;
 }
 
+/* Provider calls that allocate or map, and that unmap or free. */
+static const stash_provider_call_t allocs[] = {STASH_CALL_mem_alloc, STASH_CALL_va_reserve,
+                                               STASH_CALL_phys_create, STASH_CALL_map,
+                                               STASH_CALL_set_access};
+static const stash_provider_call_t frees[] = {STASH_CALL_mem_free, STASH_CALL_va_free,
+                                              STASH_CALL_phys_release, STASH_CALL_unmap};
+#define NALLOCS (sizeof allocs / sizeof allocs[0])
+#define NFREES (sizeof frees / sizeof frees[0])
+
+/* Calls of the given kinds so far: the simulated device's count, or (a GPU) the timing
+ * provider's. */
+static uint64_t calls_of(const stash_sim_t* sim, const timed_provider_t* timed,
+                         const stash_provider_call_t* kinds, size_t n) {
+  uint64_t c = 0;
+  for (size_t k = 0; k < n; k++) c += sim ? stash_sim_calls(sim, kinds[k]) : timed->calls[kinds[k]];
+  return c;
+}
+
 stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
                           replay_result_t* out) {
   memset(out, 0, sizeof *out);
@@ -241,6 +259,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   call_log_t log;
   if (opts->calls) call_log_begin(&log, opts->calls, t->nevents, !sim);
   timed_provider_t timed;
+  memset(&timed, 0, sizeof timed); /* (read for a GPU only) */
   const stash_provider_t* heap_provider = provider;
   if (sim) {
     if (opts->calls) stash_sim_on_call(sim, call_log_hook, &log);
@@ -260,12 +279,6 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     st = STASH_ERR_HOST_OOM;
     goto done;
   }
-  /* Provider calls that allocate or map, and that unmap or free. */
-  static const stash_provider_call_t allocs[] = {STASH_CALL_mem_alloc, STASH_CALL_va_reserve,
-                                                 STASH_CALL_phys_create, STASH_CALL_map,
-                                                 STASH_CALL_set_access};
-  static const stash_provider_call_t frees[] = {STASH_CALL_mem_free, STASH_CALL_va_free,
-                                                STASH_CALL_phys_release, STASH_CALL_unmap};
   /* The trace's streams: on the simulated device their recorded values; on a GPU, real
    * streams (the driver would not take made-up ones), one per trace stream. */
   streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
@@ -307,10 +320,8 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   for (size_t i = 0; i < t->nevents; i++) {
     const trace_event_t* e = &t->events[i];
     if (i == half) {
-      for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++)
-        half_allocs += sim ? stash_sim_calls(sim, allocs[k]) : timed.calls[allocs[k]];
-      for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++)
-        half_frees += sim ? stash_sim_calls(sim, frees[k]) : timed.calls[frees[k]];
+      half_allocs = calls_of(sim, &timed, allocs, NALLOCS);
+      half_frees = calls_of(sim, &timed, frees, NFREES);
     }
     void* stream = streams[e->stream];
     if (e->op == TRACE_ALLOC) {
@@ -428,30 +439,19 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   out->device_frees = (uint64_t)out->stats.num_device_free;
   out->alloc_retries = (uint64_t)out->stats.num_alloc_retries;
   if (opts->calls) call_log_end(&log); /* (with the events' calls: before the heap goes) */
-  if (!sim) { /* on a GPU: the calls counted and timed on their way to the driver */
-    out->measured_driver_us = timed.total_us;
-    uint64_t a = 0, f = 0;
-    for (int k = 0; k < STASH_CALL_COUNT; k++) {
-      out->calls[k] = timed.calls[k];
-      out->driver_us[k] = timed.us[k];
-    }
-    for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++) a += timed.calls[allocs[k]];
-    for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++) f += timed.calls[frees[k]];
-    out->device_allocs_second_half = a - half_allocs;
-    out->device_frees_second_half = f - half_frees;
+  /* The calls of each kind and their cost: modelled by the simulated device, or counted and
+   * timed on their way to a GPU's driver. */
+  for (int k = 0; k < STASH_CALL_COUNT; k++) {
+    stash_provider_call_t c = (stash_provider_call_t)k;
+    out->calls[k] = sim ? stash_sim_calls(sim, c) : timed.calls[k];
+    out->driver_us[k] = sim ? stash_sim_modeled_us_of(sim, c) : timed.us[k];
   }
-  if (sim) {
+  if (sim)
     out->modeled_driver_us = stash_sim_modeled_us(sim);
-    for (int k = 0; k < STASH_CALL_COUNT; k++) {
-      out->calls[k] = stash_sim_calls(sim, (stash_provider_call_t)k);
-      out->driver_us[k] = stash_sim_modeled_us_of(sim, (stash_provider_call_t)k);
-    }
-    uint64_t a = 0, f = 0;
-    for (size_t k = 0; k < sizeof allocs / sizeof allocs[0]; k++) a += stash_sim_calls(sim, allocs[k]);
-    for (size_t k = 0; k < sizeof frees / sizeof frees[0]; k++) f += stash_sim_calls(sim, frees[k]);
-    out->device_allocs_second_half = a - half_allocs;
-    out->device_frees_second_half = f - half_frees;
-  }
+  else
+    out->measured_driver_us = timed.total_us;
+  out->device_allocs_second_half = calls_of(sim, &timed, allocs, NALLOCS) - half_allocs;
+  out->device_frees_second_half = calls_of(sim, &timed, frees, NFREES) - half_frees;
 done:
   free(ptrs);
   if (heap) {
