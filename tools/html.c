@@ -164,11 +164,10 @@ static void table(FILE* f, const char* const* confs, const replay_result_t* rs, 
             "<td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%.0f</td>",
             gib(r->peak_live_bytes), gib(r->peak_reserved_bytes), util, gib(wasted),
             r->device_allocs, r->device_frees, r->ooms, r->ns_per_event);
-    if (r->series_driver_us) /* simulated: the modelled driver time, and the steady state's */
-      fprintf(f, "<td>%.2f</td><td>%" PRIu64 "</td></tr>\n", r->modeled_driver_us / 1000.0,
-              r->device_allocs_second_half + r->device_frees_second_half);
-    else
-      fputs("<td>-</td><td>-</td></tr>\n", f);
+    /* the driver time, modelled (simulated) or measured (a GPU), and the steady state's calls */
+    fprintf(f, "<td>%.2f</td><td>%" PRIu64 "</td></tr>\n",
+            (r->series_driver_us ? r->modeled_driver_us : r->measured_driver_us) / 1000.0,
+            r->device_allocs_second_half + r->device_frees_second_half);
   }
   fputs("</table>\n", f);
 }
