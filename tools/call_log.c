@@ -37,9 +37,11 @@ static void top_add(call_log_t* L, uint64_t event, uint64_t line, double us) {
 
 void call_log_event(call_log_t* L, uint64_t event, uint64_t line, bool alloc, uint64_t size) {
   double sum = 0;
-  for (int k = 0; k < STASH_CALL_COUNT; k++) sum += L->us[k];
   bool any = false;
-  for (int k = 0; k < STASH_CALL_COUNT; k++) any |= L->n[k] != 0;
+  for (int k = 0; k < STASH_CALL_COUNT; k++) {
+    sum += L->us[k];
+    any |= L->n[k] != 0;
+  }
   if (!any) return;
   if (event)
     fprintf(L->f, "event %llu (line %llu, %s %.1f MiB):", (unsigned long long)event,
@@ -68,9 +70,6 @@ void call_log_event(call_log_t* L, uint64_t event, uint64_t line, bool alloc, ui
 }
 
 void call_log_end(call_log_t* L) {
-  memset(L->n, 0, sizeof L->n); /* the heap's destruction: not counted */
-  memset(L->bytes, 0, sizeof L->bytes);
-  memset(L->us, 0, sizeof L->us);
   uint64_t calls = 0;
   for (int k = 0; k < STASH_CALL_COUNT; k++) calls += L->total_n[k];
   fprintf(L->f, "total (%s): %.1f us in %llu calls\n",

@@ -46,8 +46,8 @@ void call_log_hook(void* arg, stash_provider_call_t call, uint64_t bytes, double
  * before the first event), line `line` of the trace, an allocation (alloc) or a free of
  * `size` bytes: one line, if there were any. */
 void call_log_event(call_log_t* L, uint64_t event, uint64_t line, bool alloc, uint64_t size);
-/* The calls since the last line were made by destroying the heap: not in modeled_driver_us,
- * not written; then the totals. */
+/* The totals, once every event's line is written (before the heap is destroyed: its calls
+ * are not in modeled_driver_us). */
 void call_log_end(call_log_t* L);
 
 #endif

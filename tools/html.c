@@ -1,8 +1,9 @@
 /* html.c: stash-replay's report as one self-contained HTML page - inline SVG, no script,
  * no network: per trace, the table; per configuration, live and reserved bytes over the
- * trace, the modelled driver time so far (simulated), and the memory layout when reserved first reached its peak (each segment a bar,
- * each block a stretch of it: live, waiting for another stream, cached, lent, unmapped),
- * with each pool's account of it in words (replay_peak_text). */
+ * trace, the modelled driver time so far (simulated), and the memory layout when reserved
+ * first reached its peak (each segment a bar, each block a stretch of it: live, waiting for
+ * another stream, cached, lent, unmapped), with each pool's account of it in words
+ * (replay_peak_text). */
 #include "html.h"
 
 #include <inttypes.h>

@@ -22,7 +22,6 @@ static stash_status_t done(timed_provider_t* t, stash_provider_call_t call, uint
 }
 
 /* One forwarding function per provider function: time the inner call. */
-#define INNER(t) ((t)->inner)
 #define TIMED(call, bytes, expr)                           \
   timed_provider_t* t = ctx;                              \
   double t0 = now_us();                                   \
@@ -38,41 +37,41 @@ static stash_status_t t_granularity(void* ctx, int device, size_t* bytes) {
   return t->inner->granularity(t->inner->ctx, device, bytes);
 }
 static stash_status_t t_mem_info(void* ctx, int device, size_t* free_bytes, size_t* total) {
-  TIMED(mem_info, 0, INNER(t)->mem_info(INNER(t)->ctx, device, free_bytes, total));
+  TIMED(mem_info, 0, t->inner->mem_info(t->inner->ctx, device, free_bytes, total));
 }
 static stash_status_t t_mem_alloc(void* ctx, int device, size_t size, uint64_t* ptr) {
-  TIMED(mem_alloc, size, INNER(t)->mem_alloc(INNER(t)->ctx, device, size, ptr));
+  TIMED(mem_alloc, size, t->inner->mem_alloc(t->inner->ctx, device, size, ptr));
 }
 static stash_status_t t_mem_free(void* ctx, int device, uint64_t ptr, size_t size) {
-  TIMED(mem_free, size, INNER(t)->mem_free(INNER(t)->ctx, device, ptr, size));
+  TIMED(mem_free, size, t->inner->mem_free(t->inner->ctx, device, ptr, size));
 }
 static stash_status_t t_va_reserve(void* ctx, int device, size_t size, uint64_t* va) {
-  TIMED(va_reserve, size, INNER(t)->va_reserve(INNER(t)->ctx, device, size, va));
+  TIMED(va_reserve, size, t->inner->va_reserve(t->inner->ctx, device, size, va));
 }
 static stash_status_t t_va_free(void* ctx, int device, uint64_t va, size_t size) {
-  TIMED(va_free, size, INNER(t)->va_free(INNER(t)->ctx, device, va, size));
+  TIMED(va_free, size, t->inner->va_free(t->inner->ctx, device, va, size));
 }
 static stash_status_t t_phys_create(void* ctx, int device, size_t size, uint64_t* handle) {
-  TIMED(phys_create, size, INNER(t)->phys_create(INNER(t)->ctx, device, size, handle));
+  TIMED(phys_create, size, t->inner->phys_create(t->inner->ctx, device, size, handle));
 }
 static stash_status_t t_phys_release(void* ctx, int device, uint64_t handle) {
-  TIMED(phys_release, 0, INNER(t)->phys_release(INNER(t)->ctx, device, handle));
+  TIMED(phys_release, 0, t->inner->phys_release(t->inner->ctx, device, handle));
 }
 static stash_status_t t_map(void* ctx, int device, uint64_t va, size_t size, uint64_t handle,
                             size_t offset) {
-  TIMED(map, size, INNER(t)->map(INNER(t)->ctx, device, va, size, handle, offset));
+  TIMED(map, size, t->inner->map(t->inner->ctx, device, va, size, handle, offset));
 }
 static stash_status_t t_unmap(void* ctx, int device, uint64_t va, size_t size) {
-  TIMED(unmap, size, INNER(t)->unmap(INNER(t)->ctx, device, va, size));
+  TIMED(unmap, size, t->inner->unmap(t->inner->ctx, device, va, size));
 }
 static stash_status_t t_set_access(void* ctx, int device, uint64_t va, size_t size) {
-  TIMED(set_access, size, INNER(t)->set_access(INNER(t)->ctx, device, va, size));
+  TIMED(set_access, size, t->inner->set_access(t->inner->ctx, device, va, size));
 }
 static stash_status_t t_event_create(void* ctx, int device, uint64_t* event) {
-  TIMED(event_create, 0, INNER(t)->event_create(INNER(t)->ctx, device, event));
+  TIMED(event_create, 0, t->inner->event_create(t->inner->ctx, device, event));
 }
 static stash_status_t t_event_record(void* ctx, int device, uint64_t event, void* stream) {
-  TIMED(event_record, 0, INNER(t)->event_record(INNER(t)->ctx, device, event, stream));
+  TIMED(event_record, 0, t->inner->event_record(t->inner->ctx, device, event, stream));
 }
 static stash_status_t t_event_query(void* ctx, uint64_t event) {
   /* STASH_ERR_NOT_READY is an answer, not a failure: counted too */
@@ -83,13 +82,13 @@ static stash_status_t t_event_query(void* ctx, uint64_t event) {
   return st;
 }
 static stash_status_t t_event_synchronize(void* ctx, uint64_t event) {
-  TIMED(event_synchronize, 0, INNER(t)->event_synchronize(INNER(t)->ctx, event));
+  TIMED(event_synchronize, 0, t->inner->event_synchronize(t->inner->ctx, event));
 }
 static stash_status_t t_event_destroy(void* ctx, uint64_t event) {
-  TIMED(event_destroy, 0, INNER(t)->event_destroy(INNER(t)->ctx, event));
+  TIMED(event_destroy, 0, t->inner->event_destroy(t->inner->ctx, event));
 }
 static stash_status_t t_stream_synchronize(void* ctx, int device, void* stream) {
-  TIMED(stream_synchronize, 0, INNER(t)->stream_synchronize(INNER(t)->ctx, device, stream));
+  TIMED(stream_synchronize, 0, t->inner->stream_synchronize(t->inner->ctx, device, stream));
 }
 
 void timed_provider_init(timed_provider_t* t, const stash_provider_t* inner,
