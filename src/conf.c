@@ -438,16 +438,6 @@ stash_status_t stash_conf_parse(stash_conf_t* conf, const char* text) {
 
 /* ---- Formatting ------------------------------------------------------------------------ */
 
-static void append(char* buf, size_t n, size_t* len, const char* fmt, ...) STASH_PRINTF(4, 5);
-static void append(char* buf, size_t n, size_t* len, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  size_t room = *len < n ? n - *len : 0;
-  int w = vsnprintf(room ? buf + *len : NULL, room, fmt, ap);
-  va_end(ap);
-  if (w > 0) *len += (size_t)w;
-}
-
 /* The shortest %g text that reads back as v. */
 static void shortest_double(double v, char* out, size_t n) {
   for (int prec = 1; prec <= 17; prec++) {
@@ -461,31 +451,34 @@ size_t stash_conf_format(const stash_conf_t* c, char* buf, size_t n) {
   stash_conf_init(&d);
   size_t len = 0;
   if (n) buf[0] = '\0';
-  append(buf, n, &len, "policy:%s", _stash_policy_name(c->policy));
+  _stash_appendf(buf, n, &len, "policy:%s", _stash_policy_name(c->policy));
   if (c->max_split_size != d.max_split_size)
-    append(buf, n, &len, ",max_split_size_mb:%zu", c->max_split_size / MB);
+    _stash_appendf(buf, n, &len, ",max_split_size_mb:%zu", c->max_split_size / MB);
   if (c->max_non_split_rounding != d.max_non_split_rounding)
-    append(buf, n, &len, ",max_non_split_rounding_mb:%zu", c->max_non_split_rounding / MB);
+    _stash_appendf(buf, n, &len, ",max_non_split_rounding_mb:%zu",
+                   c->max_non_split_rounding / MB);
   if (c->large_segment_size != d.large_segment_size)
-    append(buf, n, &len, ",large_segment_size_mb:%zu", c->large_segment_size / MB);
+    _stash_appendf(buf, n, &len, ",large_segment_size_mb:%zu", c->large_segment_size / MB);
   if (memcmp(c->roundup_power2_divisions, d.roundup_power2_divisions,
              sizeof d.roundup_power2_divisions) != 0) {
-    append(buf, n, &len, ",roundup_power2_divisions:[");
+    _stash_appendf(buf, n, &len, ",roundup_power2_divisions:[");
     for (int b = 0; b < STASH_ROUNDUP_BUCKETS; b++) {
-      append(buf, n, &len, "%s%llu:%u", b ? "," : "", 1ULL << b, c->roundup_power2_divisions[b]);
+      _stash_appendf(buf, n, &len, "%s%llu:%u", b ? "," : "", 1ULL << b,
+                     c->roundup_power2_divisions[b]);
     }
-    append(buf, n, &len, "]");
+    _stash_appendf(buf, n, &len, "]");
   }
   char num[40];
   if (c->garbage_collection_threshold != d.garbage_collection_threshold) {
     shortest_double(c->garbage_collection_threshold, num, sizeof num);
-    append(buf, n, &len, ",garbage_collection_threshold:%s", num);
+    _stash_appendf(buf, n, &len, ",garbage_collection_threshold:%s", num);
   }
   if (c->per_process_memory_fraction != d.per_process_memory_fraction) {
     shortest_double(c->per_process_memory_fraction, num, sizeof num);
-    append(buf, n, &len, ",per_process_memory_fraction:%s", num);
+    _stash_appendf(buf, n, &len, ",per_process_memory_fraction:%s", num);
   }
-  if (c->expandable_segments) append(buf, n, &len, ",expandable_segments:True");
-  if (c->max_piece_size) append(buf, n, &len, ",max_piece_size_mb:%zu", c->max_piece_size / MB);
+  if (c->expandable_segments) _stash_appendf(buf, n, &len, ",expandable_segments:True");
+  if (c->max_piece_size)
+    _stash_appendf(buf, n, &len, ",max_piece_size_mb:%zu", c->max_piece_size / MB);
   return len;
 }

@@ -1,9 +1,11 @@
-/* error.c: status names, the per-thread last error, the error handler, size formatting.
+/* error.c: status names, the per-thread last error, the error handler, size formatting and
+ * bounded text appends.
  *
  * Errors are reported once, where they are detected, through _stash_error(): the message
  * goes into a thread-local buffer read by stash_last_error(), to the registered handler,
  * and to stderr when STASH_SHOW_ERRORS=1.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,4 +96,13 @@ void _stash_format_size(size_t bytes, char* buf, size_t n) {
   } else {
     snprintf(buf, n, "%.2f GiB", (double)bytes / 1073741824.0);
   }
+}
+
+void _stash_appendf(char* buf, size_t n, size_t* len, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = *len < n ? n - *len : 0;
+  int w = vsnprintf(room ? buf + *len : NULL, room, fmt, ap);
+  va_end(ap);
+  if (w > 0) *len += (size_t)w;
 }

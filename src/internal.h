@@ -44,6 +44,10 @@ STASH_HIDDEN const char* _stash_provider_message(void);
 STASH_HIDDEN void _stash_provider_message_clear(void);
 /* PyTorch's format_size: "512 bytes", "1.50 KiB", "20.00 MiB", "1.23 GiB". */
 STASH_HIDDEN void _stash_format_size(size_t bytes, char* buf, size_t n);
+/* Append formatted text to buf[0..n) at *len, and add to *len what it needs whether or not it
+ * fits (snprintf's contract, for a text built in pieces: a caller sizes its buffer from it). */
+STASH_HIDDEN void _stash_appendf(char* buf, size_t n, size_t* len, const char* fmt, ...)
+    STASH_PRINTF(4, 5);
 
 /* ---- blockset.c: an intrusive ordered set (red-black tree) ------------------------------- */
 

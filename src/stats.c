@@ -113,27 +113,17 @@ static size_t collect(const stash_stats_t* s, kv_t* kv) {
   return n;
 }
 
-/* Append to buf[0..n) at *len, always counting what the full text needs. */
-static void emit(char* buf, size_t n, size_t* len, const char* fmt, ...) STASH_PRINTF(4, 5);
-static void emit(char* buf, size_t n, size_t* len, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  size_t room = *len < n ? n - *len : 0;
-  int w = vsnprintf(room ? buf + *len : NULL, room, fmt, ap);
-  va_end(ap);
-  if (w > 0) *len += (size_t)w;
-}
 
 size_t stash_stats_json(const stash_stats_t* stats, char* buf, size_t n) {
   kv_t kv[KV_MAX];
   size_t count = collect(stats, kv);
   size_t len = 0;
   if (n) buf[0] = '\0';
-  emit(buf, n, &len, "{");
+  _stash_appendf(buf, n, &len, "{");
   for (size_t i = 0; i < count; i++) {
-    emit(buf, n, &len, "%s\"%s\": %" PRId64, i ? ", " : "", kv[i].key, kv[i].value);
+    _stash_appendf(buf, n, &len, "%s\"%s\": %" PRId64, i ? ", " : "", kv[i].key, kv[i].value);
   }
-  emit(buf, n, &len, "}");
+  _stash_appendf(buf, n, &len, "}");
   return len;
 }
 
@@ -172,7 +162,7 @@ static void summary_row(char* buf, size_t n, size_t* len, const char* name, cell
   f(c[1], sizeof c[1], st->peak, (double)ref->peak);
   f(c[2], sizeof c[2], st->allocated, (double)ref->allocated);
   f(c[3], sizeof c[3], st->freed, (double)ref->freed);
-  emit(buf, n, len, "| %-21s | %s | %s | %s | %s |\n", name, c[0], c[1], c[2], c[3]);
+  _stash_appendf(buf, n, len, "| %-21s | %s | %s | %s | %s |\n", name, c[0], c[1], c[2], c[3]);
 }
 
 size_t stash_stats_summary(const stash_stats_t* s, int device, bool abbreviated, char* buf,
@@ -198,15 +188,17 @@ size_t stash_stats_summary(const stash_stats_t* s, int device, bool abbreviated,
   };
   size_t len = 0;
   if (n) buf[0] = '\0';
-  emit(buf, n, &len, "|%s|\n", eq);
-  emit(buf, n, &len, "| %16s stash CUDA memory summary, device ID %-19d |\n", "", device);
-  emit(buf, n, &len, "|%s|\n", dash);
-  emit(buf, n, &len, "|  %9s CUDA OOMs: %-12" PRId64 " | %6s cudaMalloc retries: %-8" PRId64 "  |\n",
-       "", s->num_ooms, "", s->num_alloc_retries);
-  emit(buf, n, &len, "|%s|\n", eq);
-  emit(buf, n, &len, "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |\n");
+  _stash_appendf(buf, n, &len, "|%s|\n", eq);
+  _stash_appendf(buf, n, &len, "| %16s stash CUDA memory summary, device ID %-19d |\n", "", device);
+  _stash_appendf(buf, n, &len, "|%s|\n", dash);
+  _stash_appendf(buf, n, &len,
+                 "|  %9s CUDA OOMs: %-12" PRId64 " | %6s cudaMalloc retries: %-8" PRId64 "  |\n",
+                 "", s->num_ooms, "", s->num_alloc_retries);
+  _stash_appendf(buf, n, &len, "|%s|\n", eq);
+  _stash_appendf(buf, n, &len,
+                 "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |\n");
   for (size_t m = 0; m < sizeof metrics / sizeof metrics[0]; m++) {
-    emit(buf, n, &len, "|%s|\n", dash);
+    _stash_appendf(buf, n, &len, "|%s|\n", dash);
     const stash_stat_t* ref = &metrics[m].stat[STASH_STAT_ALL];
     summary_row(buf, n, &len, metrics[m].name, metrics[m].fn, ref, ref);
     if (!abbreviated) {
@@ -216,12 +208,12 @@ size_t stash_stats_summary(const stash_stats_t* s, int device, bool abbreviated,
                   &metrics[m].stat[STASH_STAT_SMALL], ref);
     }
   }
-  emit(buf, n, &len, "|%s|\n", dash);
+  _stash_appendf(buf, n, &len, "|%s|\n", dash);
   summary_row(buf, n, &len, "Oversize allocations", format_count, &s->oversize_allocations,
               &s->oversize_allocations);
-  emit(buf, n, &len, "|%s|\n", dash);
+  _stash_appendf(buf, n, &len, "|%s|\n", dash);
   summary_row(buf, n, &len, "Oversize GPU segments", format_count, &s->oversize_segments,
               &s->oversize_segments);
-  emit(buf, n, &len, "|%s|\n", eq);
+  _stash_appendf(buf, n, &len, "|%s|\n", eq);
   return len;
 }
