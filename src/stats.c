@@ -113,7 +113,6 @@ static size_t collect(const stash_stats_t* s, kv_t* kv) {
   return n;
 }
 
-
 size_t stash_stats_json(const stash_stats_t* stats, char* buf, size_t n) {
   kv_t kv[KV_MAX];
   size_t count = collect(stats, kv);
