@@ -194,6 +194,37 @@
 #define kPhaseMinPeak KNOB_Z(kPhaseMinPeak, (size_t)256 << 20)
 #define kQuietShare KNOB_I(kQuietShare, 4)
 #define kFirstFitTries KNOB_I(kFirstFitTries, 256)
+/* Rule switches for experiments, 1 = the rule as it is (other builds: always 1): 2 turns off
+ * clear_fit (kUseClearFit), the quiet phase's first fit (kUseQuiet) or the step fates'
+ * placements (kUseFates); kFirstFitAll=2 puts every large block with no turn hint at the
+ * lowest fit. docs/policy-stash.md, "Forty-third session", measured each. */
+#define kUseClearFit KNOB_I(kUseClearFit, 1)
+#define kUseQuiet KNOB_I(kUseQuiet, 1)
+#define kUseFates KNOB_I(kUseFates, 1)
+#define kFirstFitAll KNOB_I(kFirstFitAll, 1)
+
+#ifdef STASH_POLICY_KNOBS
+/* STASH_KNOB_ARM (experiment builds): the STASH_KNOB_ settings act in one phase of the run
+ * only, the compiled-in values elsewhere - "first-pass": until live bytes first fall to half
+ * their peak; "drop": from then on; "step": from fate.c's first step end on. One flag for the
+ * process (knob() has no heap): set by the heap that allocates, so with several heaps (one
+ * per device) it follows whichever allocated last. */
+int _stash_knob_armed;
+static void knob_arm(const sb_state* s) {
+  const char* arm = getenv("STASH_KNOB_ARM");
+  if (!arm) return;
+  if (!strcmp(arm, "first-pass")) _stash_knob_armed = !s->dropped;
+  else if (!strcmp(arm, "drop")) _stash_knob_armed = _stash_knob_armed || s->dropped;
+  else if (!strcmp(arm, "step"))
+    _stash_knob_armed = _stash_knob_armed || _stash_fate_stepped(&s->fate);
+  else {
+    fprintf(stderr, "STASH_KNOB_ARM=%s: not first-pass, drop or step\n", arm);
+    abort();
+  }
+}
+#else
+#define knob_arm(s) ((void)(s))
+#endif
 
 /* ---- Cached blocks (the fast path) -------------------------------------------------------- */
 
@@ -517,6 +548,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
     }
   }
   sb_block* b = NULL;
+  if (kUseFates != 1) fate = STASH_FATE_UNKNOWN;
   if (!a->small && fate == STASH_FATE_AROUND_HUGE) {
     /* Its counterpart was freed around the last step's huge requests (the logits): at the top
      * of the highest free block that holds it, where the blocks freed with it gather and
@@ -534,10 +566,11 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
   /* Its counterpart lived past them: the lowest fitting block, below those. */
   if (!a->small && fate == STASH_FATE_STAYS) b = first_fit(a, size, slot);
   if (!a->small && !b) {
-    b = clear_fit(s, a, size, slot);
+    if (kUseClearFit == 1) b = clear_fit(s, a, size, slot);
+    if (!b && kFirstFitAll != 1) b = first_fit(a, size, slot);
     /* while little is live (between training steps, optimizer state being made), long-lived
      * blocks pack at the arena's start */
-    if (!b && s->live_peak >= (int64_t)kPhaseMinPeak &&
+    if (!b && kUseQuiet == 1 && s->live_peak >= (int64_t)kPhaseMinPeak &&
         h->stats.allocated_bytes[STASH_STAT_ALL].current * kQuietShare < s->live_peak)
       b = first_fit(a, size, slot);
   }
@@ -627,6 +660,7 @@ static size_t largest_free(sb_state* s) {
 
 static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint64_t* out) {
   sb_state* s = S(h);
+  knob_arm(s);
   if (_stash_ptrmap_reserve(&s->allocated, 1) != STASH_OK)
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   stash_status_t st = _stash_events_poll(h, &s->events, false, event_done);

@@ -35,10 +35,14 @@
  * used: tools/compare_policies.py measures a change of one against every recorded trace. A
  * value that is not a positive integer stops the process there (an experiment must not run
  * on a setting it did not ask for). Other builds compile the constants in. The constants
- * that only policy_stash.c uses are there (kPhaseMinPeak, kQuietShare, kFirstFitTries). */
+ * that only policy_stash.c uses are there (kPhaseMinPeak, kQuietShare, kFirstFitTries, and
+ * the rule switches kUse...). With STASH_KNOB_ARM set, the settings act in one phase of the
+ * run only (policy_stash.c, knob_arm). */
 #ifdef STASH_POLICY_KNOBS
+extern int _stash_knob_armed;
 static inline long long knob(const char* name, long long value) {
   char key[64];
+  if (getenv("STASH_KNOB_ARM") && !_stash_knob_armed) return value;
   snprintf(key, sizeof key, "STASH_KNOB_%s", name);
   const char* v = getenv(key);
   if (!v) return value;

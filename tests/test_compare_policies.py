@@ -11,6 +11,11 @@ at 0.69x the modelled driver time: the constants trade memory for driver calls (
 "Eleventh session"). --families gives the README's table by family for each setting. Bad
 settings and sets end with an error; so does a constant the
 experiment build is given directly that is not a positive integer (it aborts, naming it).
+The rule switches (kUseFates=2: no step fates, gpt2_train 12 MiB lower; kUseQuiet=2: no first
+fit in the quiet phase, gpt2_sidestream_train 162 MiB higher) and --arm, which lets the
+settings act in one phase of each run only: in the first pass the coarser constants give
+bert_varlen_train's old peak and resnet50_train 18 MiB of its 44 MiB rise, the two switches
+nothing; from the first drop on, the constants nothing and the switches all of their change.
 
   test_compare_policies.py TOOL STASH_REPLAY KNOB_BUILD_DIR
 """
@@ -24,6 +29,9 @@ TODAY = {"resnet50_train.csv.gz": 6083837952, "gpt2_train.csv.gz": 13744734208,
          "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13738442752}
 OLD = {"resnet50_train.csv.gz": 6129975296, "gpt2_train.csv.gz": 13744734208,
        "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13732151296}
+FIRST_PASS_OLD = dict(OLD, **{"resnet50_train.csv.gz": 6102712320})
+NO_FATES = 13732151296  # gpt2_train with kUseFates=2
+NO_QUIET = 13908312064  # gpt2_sidestream_train with kUseQuiet=2
 
 
 def main():
@@ -36,12 +44,19 @@ def main():
 
     old = "kLargeGrowBytes=%d,kBurstMax=%d,kLargePieceMax=%d" % (20 * MiB, 192 * MiB, 256 * MiB)
     p = subprocess.run([sys.executable, tool, "--sets", "shared", "--replay", replay,
-                        "--knob-build", knobs, "--json", "--families", "defaults", old],
+                        "--knob-build", knobs, "--json", "--families", "defaults", old,
+                        "kUseFates=2", "kUseQuiet=2"],
                        capture_output=True, text=True)
     check("exit status", p.returncode, 0)
     if p.returncode == 0:
         out = json.loads(p.stdout)
-        a, b = out["settings"]
+        a, b, fates, quiet = out["settings"]
+        check("no phase", out["arm"], None)
+        # the rule switches: without the step fates gpt2_train's peak moves; without the quiet
+        # phase's first fit, gpt2_sidestream_train's
+        check("kUseFates=2", fates["peaks"], dict(TODAY, **{"gpt2_train.csv.gz": NO_FATES}))
+        check("kUseQuiet=2", quiet["peaks"],
+              dict(TODAY, **{"gpt2_sidestream_train.csv.gz": NO_QUIET}))
         check("today's peaks", a["peaks"], TODAY)
         check("the old constants' peaks", b["peaks"], OLD)
         check("all three targets, today", a["all_three"], 4)
@@ -77,7 +92,26 @@ def main():
               % (r["over_anchor"] / 1e6, 100 * t["utilization"]))
         check("per trace: second-half calls, gpt2_train today",
               a["per_trace"]["gpt2_train.csv.gz"]["second_half_calls"], 0)
+    # --arm: the settings act in one phase of each run. The coarser growth constants act in the
+    # first pass (before live bytes first halve) and, on resnet50_train, after it too; the
+    # step fates and the quiet phase act only after it.
+    for arm, want_old, want_fates, want_quiet in (
+            ("first-pass", FIRST_PASS_OLD, TODAY, TODAY),
+            ("drop", TODAY, dict(TODAY, **{"gpt2_train.csv.gz": NO_FATES}),
+             dict(TODAY, **{"gpt2_sidestream_train.csv.gz": NO_QUIET}))):
+        p = subprocess.run([sys.executable, tool, "--sets", "shared", "--replay", replay,
+                            "--knob-build", knobs, "--json", "--arm", arm, "defaults", old,
+                            "kUseFates=2", "kUseQuiet=2"], capture_output=True, text=True)
+        check("--arm %s: exit status" % arm, p.returncode, 0)
+        if p.returncode == 0:
+            out = json.loads(p.stdout)
+            check("--arm %s: reported" % arm, out["arm"], arm)
+            check("--arm %s: defaults" % arm, out["settings"][0]["peaks"], TODAY)
+            check("--arm %s: the old constants" % arm, out["settings"][1]["peaks"], want_old)
+            check("--arm %s: kUseFates=2" % arm, out["settings"][2]["peaks"], want_fates)
+            check("--arm %s: kUseQuiet=2" % arm, out["settings"][3]["peaks"], want_quiet)
     for bad, message in ((["defaults", "kSmallGrowBytes"], "bad setting"),
+                         (["--arm", "later", "defaults", "kUseFates=2"], "invalid choice"),
                          (["defaults", "kSmallGrowBytes=lots"], "invalid literal"),
                          (["defaults", "kStitchHoleShare=0"], "positive integers"),
                          (["defaults"], "at least two settings"),
@@ -87,15 +121,17 @@ def main():
         if q.returncode == 0 or message not in q.stderr:
             failures.append("%s: exit %d, stderr %r (want an error saying %r)" % (
                 bad, q.returncode, q.stderr.strip()[-200:], message))
-    env = dict(os.environ, STASH_KNOB_kStitchHoleShare="0")
-    q = subprocess.run([os.path.join(knobs, "stash-replay"), "--json",
-                        os.path.join(os.path.dirname(tool), "..", "data", "traces",
-                                     "gpt2_train.csv.gz")], capture_output=True, text=True,
-                       env=env)
-    want = "STASH_KNOB_kStitchHoleShare=0: not a positive integer"
-    if q.returncode == 0 or want not in q.stderr:
-        failures.append("the experiment build given kStitchHoleShare=0: exit %d, stderr %r" % (
-            q.returncode, q.stderr.strip()[-200:]))
+    # the experiment build itself, given a bad value directly, aborts naming it
+    for var, value, want in (("STASH_KNOB_kStitchHoleShare", "0", "not a positive integer"),
+                             ("STASH_KNOB_ARM", "later", "not first-pass, drop or step")):
+        q = subprocess.run([os.path.join(knobs, "stash-replay"), "--json",
+                            os.path.join(os.path.dirname(tool), "..", "data", "traces",
+                                         "gpt2_train.csv.gz")], capture_output=True, text=True,
+                           env=dict(os.environ, **{var: value}))
+        want = "%s=%s: %s" % (var, value, want)
+        if q.returncode == 0 or want not in q.stderr:
+            failures.append("the experiment build given %s=%s: exit %d, stderr %r" % (
+                var, value, q.returncode, q.stderr.strip()[-200:]))
     for f in failures:
         print("FAIL", f)
     print("%d failure(s)" % len(failures))

@@ -14,6 +14,10 @@ kSmallGrowBytes=8388608: replayed by an experiment build, cmake -DSTASH_POLICY_K
 the tool makes or brings up to date in --knob-build DIR, default build-knobs), or the path of a
 stash-replay binary (another commit's build).
 Every setting after A is compared with A.
+--arm PHASE: the NAME=VALUE settings act in one phase of each run only, the compiled-in values
+elsewhere: first-pass (until live bytes first fall to half their peak), drop (from then on) or
+step (from the first training step's end, as src/fate.c finds it) - which decisions a setting
+changes, and so what a policy choosing its setting at that point could gain at most.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
 data/traces/more and more2), hf, holdout, fresh, later, final, blind, post, unseen, ninth,
@@ -111,7 +115,7 @@ def knob_build(dir_):
     return os.path.join(dir_, "stash-replay")
 
 
-def side(spec, default_exe, knob_dir):
+def side(spec, default_exe, knob_dir, arm=None):
     """(stash-replay binary, environment) for a setting."""
     if spec == "defaults":
         return default_exe, None
@@ -127,6 +131,8 @@ def side(spec, default_exe, knob_dir):
             sys.exit("compare_policies: %s=%s: the constants are positive integers" % (
                 name, value))
         env["STASH_KNOB_" + name] = value
+    if arm:
+        env["STASH_KNOB_ARM"] = arm
     return knob_build(knob_dir), env
 
 
@@ -212,6 +218,8 @@ def main():
     ap.add_argument("--replay", default=os.path.join(ROOT, "build", "stash-replay"),
                     help="the stash-replay of 'defaults', and for the anchors")
     ap.add_argument("--knob-build", default=os.path.join(ROOT, "build-knobs"))
+    ap.add_argument("--arm", choices=["first-pass", "drop", "step"],
+                    help="the NAME=VALUE settings act in this phase of each run only")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--families", action="store_true",
@@ -227,7 +235,7 @@ def main():
         ap.error("unknown set(s) %s: choose from %s" % (", ".join(bad), ", ".join(SETS)))
     items = traces(sets)
     anchor = anchors(args.replay, [p for p, _ in items], args.jobs)
-    results = [measure(*side(s, args.replay, args.knob_build), items, anchor, args.jobs)
+    results = [measure(*side(s, args.replay, args.knob_build, args.arm), items, anchor, args.jobs)
                for s in args.settings]
     report = []
     for spec, res in zip(args.settings, results):
@@ -248,8 +256,11 @@ def main():
         report.append(entry)
     union = sorted(set().union(*[e["passing"] for e in report]))
     if args.json:
-        print(json.dumps({"settings": report, "passing_under_any": union}, indent=1))
+        print(json.dumps({"settings": report, "passing_under_any": union, "arm": args.arm},
+                         indent=1))
         return
+    if args.arm:
+        print("the settings act in one phase of each run: %s" % args.arm)
     for e in report:
         print("%s: all three targets on %d of %d traces (memory on %d); per set %s" % (
             e["setting"], e["all_three"], e["traces"], e["memory"],
