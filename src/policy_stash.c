@@ -206,9 +206,11 @@
 #ifdef STASH_POLICY_KNOBS
 /* STASH_KNOB_ARM (experiment builds): the STASH_KNOB_ settings act in one phase of the run
  * only, the compiled-in values elsewhere - "first-pass": until live bytes first fall to half
- * their peak; "drop": from then on; "step": from fate.c's first step end on. One flag for the
- * process (knob() has no heap): set by the heap that allocates, so with several heaps (one
- * per device) it follows whichever allocated last. */
+ * their peak, and again after everything is freed (the policy's own phases start afresh
+ * there: `dropped`); "drop": from the first such fall on, for good; "step": from fate.c's
+ * first step end on, for good. One flag for the process (knob() has no heap): set by the
+ * heap that allocates, so with several heaps (one per device) it follows whichever
+ * allocated last. */
 int _stash_knob_armed;
 static void knob_arm(const sb_state* s) {
   const char* arm = getenv("STASH_KNOB_ARM");

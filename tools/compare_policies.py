@@ -15,8 +15,9 @@ the tool makes or brings up to date in --knob-build DIR, default build-knobs), o
 stash-replay binary (another commit's build).
 Every setting after A is compared with A.
 --arm PHASE: the NAME=VALUE settings act in one phase of each run only, the compiled-in values
-elsewhere: first-pass (until live bytes first fall to half their peak), drop (from then on) or
-step (from the first training step's end, as src/fate.c finds it) - which decisions a setting
+elsewhere: first-pass (until live bytes first fall to half their peak, and again once all is
+freed), drop (from that first fall on) or step (from the first training step's end, as
+src/fate.c finds it) - which decisions a setting
 changes, and so what a policy choosing its setting at that point could gain at most.
 
 Sets (data/traces/...): shared (the four shared traces), more (the seven PyTorch snapshots of
