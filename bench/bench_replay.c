@@ -45,8 +45,8 @@ static double median(double* v, int n) {
  * simulated GPU keeps up: after each event the work queued on every stream is done, so that
  * the events a multi-stream trace records for cross-stream reuse complete (else memory a
  * stream freed would never serve the others, and every allocation would query an event that
- * never completes: a path no replay takes). Those calls are timed too, alike for every
- * configuration. */
+ * never completes: a path no replay takes). That call is timed too (one lock, alike for every
+ * configuration). */
 static double pass(stash_heap_t* h, stash_sim_t* sim, const trace_t* t, void** ptrs) {
   double t0 = now_ns();
   for (size_t i = 0; i < t->nevents; i++) {
@@ -58,9 +58,7 @@ static double pass(stash_heap_t* h, stash_sim_t* sim, const trace_t* t, void** p
       stash_heap_free(h, ptrs[e->id]);
       ptrs[e->id] = NULL;
     }
-    if (t->nstreams > 1)
-      for (size_t k = 0; k < t->nstreams; k++)
-        stash_sim_complete(sim, (void*)(uintptr_t)t->streams[k]);
+    if (t->nstreams > 1) stash_sim_complete_all(sim);
   }
   double ns = (now_ns() - t0) / (double)t->nevents;
   for (uint64_t i = 0; i < t->nallocs; i++) {

@@ -144,6 +144,8 @@ STASH_API const stash_provider_t* stash_sim_provider(stash_sim_t* sim);
 
 /* Complete all work queued so far on `stream`: events recorded on it become complete. */
 STASH_API void stash_sim_complete(stash_sim_t* sim, void* stream);
+/* The same for every stream at once (one lock: a replay calls it after every event). */
+STASH_API void stash_sim_complete_all(stash_sim_t* sim);
 
 /* Until called again with 0: mem_alloc places each allocation at addr when that range is
  * free on the simulated device and outside its virtual-address region (else as the driver

@@ -868,6 +868,12 @@ void stash_sim_complete(stash_sim_t* s, void* stream) {
   pthread_mutex_unlock(&s->lock);
 }
 
+void stash_sim_complete_all(stash_sim_t* s) {
+  pthread_mutex_lock(&s->lock);
+  for (size_t i = 0; i < s->nstreams; i++) s->streams[i].completed = s->streams[i].recorded;
+  pthread_mutex_unlock(&s->lock);
+}
+
 void stash_sim_place_at(stash_sim_t* sim, uint64_t addr) {
   pthread_mutex_lock(&sim->lock);
   sim->place_hint = addr;

@@ -131,7 +131,7 @@ TEST(illegal_calls_are_errors) {
   CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
   const stash_provider_t* p = stash_sim_provider(sim);
   void* x = p->ctx;
-  uint64_t a, va, h, h2, ev;
+  uint64_t a, va, h, h2, ev, ev2;
   CHECK_EQ(p->mem_alloc(x, 0, 0, &a), STASH_ERR_INVALID);
   CHECK_EQ(p->mem_alloc(x, 1, 2 * MiB, &a), STASH_ERR_INVALID); /* no device 1 */
   CHECK_EQ(p->mem_alloc(x, 0, 65 * MiB, &a), STASH_ERR_OOM);
@@ -166,10 +166,20 @@ TEST(illegal_calls_are_errors) {
   /* events complete when their stream's work does */
   CHECK_OK(p->event_create(x, 0, &ev));
   CHECK_OK(p->event_query(x, ev)); /* never recorded: complete */
+  CHECK_OK(p->event_create(x, 0, &ev2));
   CHECK_OK(p->event_record(x, 0, ev, (void*)7));
   CHECK_EQ(p->event_query(x, ev), STASH_ERR_NOT_READY);
   stash_sim_complete(sim, (void*)7);
   CHECK_OK(p->event_query(x, ev));
+  CHECK_OK(p->event_record(x, 0, ev, (void*)7));
+  CHECK_OK(p->event_record(x, 0, ev2, (void*)8));
+  CHECK_EQ(p->event_query(x, ev), STASH_ERR_NOT_READY);
+  stash_sim_complete(sim, (void*)9); /* another stream's work: not theirs */
+  CHECK_EQ(p->event_query(x, ev), STASH_ERR_NOT_READY);
+  stash_sim_complete_all(sim); /* every stream's */
+  CHECK_OK(p->event_query(x, ev));
+  CHECK_OK(p->event_query(x, ev2));
+  CHECK_OK(p->event_destroy(x, ev2));
   CHECK_OK(p->event_record(x, 0, ev, (void*)7));
   CHECK_OK(p->event_synchronize(x, ev)); /* waiting completes it */
   CHECK_OK(p->event_query(x, ev));

@@ -396,8 +396,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     if (opts->progress && (i & 0xffff) == 0) opts->progress(i, t->nevents, opts->progress_arg);
     /* The GPU keeps up: the work queued so far on every stream is done by the next event
      * (events recorded for cross-stream reuse complete then). */
-    if (sim)
-      for (size_t k = 0; k < t->nstreams; k++) stash_sim_complete(sim, streams[k]);
+    if (sim) stash_sim_complete_all(sim);
     if (driver_check) {
       out->stats.size = sizeof out->stats;
       stash_heap_stats(heap, &out->stats);
