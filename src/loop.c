@@ -62,13 +62,15 @@ static void disable(stash_loop_t* L) {
   L->disabled = true;
 }
 
-static stash_loop_ev_t* at(const stash_loop_t* L, uint64_t e) { return &L->ev[e - L->base]; }
+/* Event e's record. The records are a ring: L->cap is a power of two (1024 doubled) that
+ * grows only while nothing has been dropped (events [0, n) at [0, n)), and is kHistoryMax once
+ * the older half is first dropped - which then moves the base, not the records. */
+static stash_loop_ev_t* at(const stash_loop_t* L, uint64_t e) { return &L->ev[e & (L->cap - 1)]; }
 
 /* Append an event; false when the host is out of memory (the detector is then off). */
 static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset) {
   if (L->n == kHistoryMax) { /* keep the newer half */
     size_t keep = kHistoryMax / 2;
-    memmove(L->ev, L->ev + (L->n - keep), keep * sizeof *L->ev);
     L->base += L->n - keep;
     L->n = keep;
   }
@@ -79,8 +81,8 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset)
     if (!L->table && !(L->table = calloc(kTableSize, sizeof *L->table))) return false;
     if (!L->last_of && !(L->last_of = calloc(kTableSize, sizeof *L->last_of))) return false;
   }
-  int64_t live = (L->n ? L->ev[L->n - 1].live : 0) + delta;
-  L->ev[L->n++] = (stash_loop_ev_t){code, offset, live, 0, 0};
+  int64_t live = (L->n ? at(L, L->base + L->n - 1)->live : 0) + delta;
+  *at(L, L->base + L->n++) = (stash_loop_ev_t){code, offset, live, 0, 0};
   return true;
 }
 
@@ -199,12 +201,18 @@ bool _stash_loop_hint(const stash_loop_t* L, size_t size, uint64_t* offset) {
   return true;
 }
 
+/* The event number of record x (held). */
+static uint64_t counterpart_event(const stash_loop_t* L, const stash_loop_ev_t* x) {
+  uint64_t mask = L->cap - 1;
+  return L->base + (((uint64_t)(x - L->ev) - L->base) & mask);
+}
+
 bool _stash_loop_forecast(const stash_loop_t* L, size_t size, uint64_t (*out)[2], size_t max,
                           size_t* n) {
   const stash_loop_ev_t* x = counterpart(L, size);
   *n = 0;
   if (!x) return false;
-  uint64_t e = L->base + L->n, from = L->base + (uint64_t)(x - L->ev) + 1;
+  uint64_t e = L->base + L->n, from = counterpart_event(L, x) + 1;
   uint64_t to = x->freed && x->freed < e ? x->freed : e; /* the counterpart's life, this far */
   for (uint64_t j = from; j < to && *n < max; j++) {
     const stash_loop_ev_t* y = at(L, j); /* j > x's event >= base: j - 1 is held too */
