@@ -67,16 +67,53 @@ static void rotate_right(blockset_t* s, bs_node_t* x) {
   x->parent = y;
 }
 
-bool _stash_bs_insert(blockset_t* s, bs_node_t* z) {
+/* Where z goes: its parent y (NULL: the root) and the side (c < 0: left); false if a node
+ * orders as z does. The descent compares z's own keys, read once, with each node's. */
+static inline bool descend(const blockset_t* s, const bs_node_t* z, bs_node_t** py, int* pc) {
   bs_node_t* y = NULL;
   bs_node_t* x = s->root;
   int c = 0;
-  while (x) {
-    y = x;
-    c = compare(s, z, x);
-    if (c == 0) return false;
-    x = c < 0 ? x->left : x->right;
+  if (s->nkeys == 2) {
+    ptrdiff_t o0 = s->key[0], o1 = s->key[1];
+    uint64_t z0 = key_at(z, o0), z1 = key_at(z, o1);
+    while (x) {
+      y = x;
+      uint64_t x0 = key_at(x, o0);
+      if (z0 != x0) c = z0 < x0 ? -1 : 1;
+      else {
+        uint64_t x1 = key_at(x, o1);
+        if (z1 == x1) return false;
+        c = z1 < x1 ? -1 : 1;
+      }
+      x = c < 0 ? x->left : x->right;
+    }
+  } else if (s->nkeys == 1) {
+    ptrdiff_t o0 = s->key[0];
+    uint64_t z0 = key_at(z, o0);
+    while (x) {
+      y = x;
+      uint64_t x0 = key_at(x, o0);
+      if (z0 == x0) return false;
+      c = z0 < x0 ? -1 : 1;
+      x = c < 0 ? x->left : x->right;
+    }
+  } else {
+    while (x) {
+      y = x;
+      c = compare(s, z, x);
+      if (c == 0) return false;
+      x = c < 0 ? x->left : x->right;
+    }
   }
+  *py = y;
+  *pc = c;
+  return true;
+}
+
+bool _stash_bs_insert(blockset_t* s, bs_node_t* z) {
+  bs_node_t* y;
+  int c;
+  if (!descend(s, z, &y, &c)) return false;
   z->parent = y;
   z->left = z->right = NULL;
   z->red = 1;
@@ -254,6 +291,20 @@ void _stash_bs_erase(blockset_t* s, bs_node_t* z) {
 bs_node_t* _stash_bs_lower_bound(const blockset_t* s, const bs_node_t* key) {
   bs_node_t* x = s->root;
   bs_node_t* best = NULL;
+  if (s->nkeys == 2) { /* the key's fields read once */
+    ptrdiff_t o0 = s->key[0], o1 = s->key[1];
+    uint64_t k0 = key_at(key, o0), k1 = key_at(key, o1);
+    while (x) {
+      uint64_t x0 = key_at(x, o0);
+      if (x0 < k0 || (x0 == k0 && key_at(x, o1) < k1)) {
+        x = x->right;
+      } else {
+        best = x;
+        x = x->left;
+      }
+    }
+    return best;
+  }
   while (x) {
     if (compare(s, x, key) < 0) {
       x = x->right;
