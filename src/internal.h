@@ -110,6 +110,10 @@ STASH_HIDDEN void* _stash_ptrmap_get(const ptrmap_t* m, uint64_t key);
 STASH_HIDDEN void* _stash_ptrmap_take(ptrmap_t* m, uint64_t key);
 /* Make room for `extra` more keys now, so that the next puts cannot fail. */
 STASH_HIDDEN stash_status_t _stash_ptrmap_reserve(ptrmap_t* m, size_t extra);
+/* The same, inline where the table has that room already (no call: an allocation's path). */
+static inline stash_status_t _stash_ptrmap_room(ptrmap_t* m, size_t extra) {
+  return (m->count + extra) * 2 <= m->cap ? STASH_OK : _stash_ptrmap_reserve(m, extra);
+}
 
 /* ---- slab.c: fixed-size objects carved from large chunks --------------------------------- */
 
@@ -124,6 +128,8 @@ typedef struct slab_s {
 STASH_HIDDEN void _stash_slab_init(slab_t* s, size_t obj_size);
 /* A zeroed object, or NULL when the host is out of memory. */
 STASH_HIDDEN void* _stash_slab_alloc(slab_t* s);
+/* The same, not zeroed: for an object the caller overwrites whole. */
+STASH_HIDDEN void* _stash_slab_take(slab_t* s);
 STASH_HIDDEN void _stash_slab_free(slab_t* s, void* obj);
 STASH_HIDDEN void _stash_slab_destroy(slab_t* s);
 /* Room for `need` elements of `size` bytes in array v of *cap: v itself when it has it, else v
@@ -375,6 +381,9 @@ STASH_HIDDEN stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t
  * (no event is queried, as PyTorch processes none then). */
 STASH_HIDDEN stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
                                                stash_ev_done_fn done);
+/* Whether a poll has anything to do: an entry is queued (deferred ones too). Inline, so that
+ * an allocation with no event outstanding - most of them - makes no call. */
+static inline bool _stash_events_queued(const stash_events_t* e) { return e->nqueues != 0; }
 STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
                                         void (*fn)(void* item, void* arg), void* arg);
 /* Add stream to a block's list of streams it was used on (once): record_stream. */

@@ -633,7 +633,7 @@ grow:
     if (r != STASH_OK) return r;
   }
   sb_block* post = NULL; /* the rest of b, if any: split off its front */
-  if (size < b->size && !(post = block_new(s)))
+  if (size < b->size && !(post = spare_new(s)))
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
   *out = carve(s, b, b->ptr, size, NULL, post);
   (*out)->kind = K_USER;
@@ -663,9 +663,11 @@ static size_t largest_free(sb_state* s) {
 static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint64_t* out) {
   sb_state* s = S(h);
   knob_arm(s);
-  if (_stash_ptrmap_reserve(&s->allocated, 1) != STASH_OK)
+  if (_stash_ptrmap_room(&s->allocated, 1) != STASH_OK)
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-  stash_status_t st = _stash_events_poll(h, &s->events, false, event_done);
+  stash_status_t st =
+      _stash_events_queued(&s->events) ? _stash_events_poll(h, &s->events, false, event_done)
+                                       : STASH_OK;
   if (st != STASH_OK) return st;
   uint32_t slot = 0;
   st = stream_slot(h, stream, &slot);
@@ -825,9 +827,11 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   b->requested = 0;
   b->tag = slot;
   b->epoch = epoch;
-  free(b->uses);
-  b->uses = NULL;
-  b->nuses = b->cap_uses = 0;
+  if (b->uses) { /* record_stream's other streams */
+    free(b->uses);
+    b->uses = NULL;
+    b->nuses = b->cap_uses = 0;
+  }
   if (b->arena->small && s->nstreams <= 1 && s->cached_bytes + b->size <= kCacheMaxBytes &&
       !ranged_at(h, b->arena, b->ptr, b->size)) {
     /* kept for the next request of its size (not on a page a stitched range maps: the range

@@ -45,9 +45,28 @@ static inline void by_size_init(blockset_t* t) {
 
 static inline sb_block* block_new(sb_state* s) { return _stash_slab_alloc(&s->block_slab); }
 
+/* Spare metadata for carve, which copies a block over it (not zeroed: only what block_delete
+ * reads, should it go unused). */
+static inline sb_block* spare_new(sb_state* s) {
+  sb_block* b = _stash_slab_take(&s->block_slab);
+  if (b) b->uses = NULL;
+  return b;
+}
+
 static inline void block_delete(sb_state* s, sb_block* b) {
-  free(b->uses);
+  if (b->uses) free(b->uses);
   _stash_slab_free(&s->block_slab, b);
+}
+
+/* A tagged free block (detached) at the head of its tag's list. */
+static inline void tag_push(sb_state* s, sb_block* b) {
+  if (b->tag) {
+    sb_stream* st = &s->streams[b->tag];
+    b->tprev = NULL;
+    b->tnext = st->thead;
+    if (st->thead) st->thead->tprev = b;
+    st->thead = b;
+  }
 }
 
 /* Insert a free block into its arena's sets and its tag's list. `place`: a free block that
@@ -74,13 +93,7 @@ static inline void free_insert_at(sb_state* s, sb_block* b, sb_block* place) {
   else _stash_bs_insert(&a->by_addr, &b->anode);
   a->free_bytes += b->size;
   if (place) a->free_bytes -= place->size;
-  if (b->tag) {
-    sb_stream* st = &s->streams[b->tag];
-    b->tprev = NULL;
-    b->tnext = st->thead;
-    if (st->thead) st->thead->tprev = b;
-    st->thead = b;
-  }
+  tag_push(s, b);
 }
 
 static inline void free_insert(sb_state* s, sb_block* b) { free_insert_at(s, b, NULL); }
@@ -185,11 +198,49 @@ static inline sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size)
  * where that piece cannot exist). Returns the carved block (not in any set, kind to be set by the caller). */
 static inline sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_block* pre,
                               sb_block* post) {
+  uint64_t end = b->ptr + b->size;
+  bool before = at > b->ptr, after = at + size < end;
+  if (before != after && (before ? pre : post)) {
+    /* One piece stays free: b itself, where it is in the sets - its address order holds, its
+     * size order is checked - and the carved block is the spare (no set changes places). */
+    sb_block* u = before ? pre : post;
+    if (before ? post : pre) block_delete(s, before ? post : pre);
+    *u = *b;
+    memset(&u->snode, 0, sizeof u->snode);
+    memset(&u->anode, 0, sizeof u->anode);
+    u->tprev = u->tnext = NULL;
+    u->ptr = at;
+    u->size = size;
+    if (after) { /* u, then b */
+      u->next = b;
+      u->prev = b->prev;
+      if (b->prev) b->prev->next = u;
+      else b->arena->first = u;
+      b->prev = u;
+      b->ptr = at + size;
+      b->size = end - (at + size);
+    } else { /* b, then u */
+      link_after(u, b);
+      b->size = at - b->ptr;
+    }
+    bs_node_t* lo = _stash_bs_prev(&b->snode); /* b orders lower now: below lo? */
+    if (lo && cmp_size(lo, &b->snode) > 0) {
+      _stash_bs_erase(&b->arena->by_size[b->tag], &b->snode);
+      _stash_bs_insert(&b->arena->by_size[b->tag], &b->snode);
+    }
+    if (b->tag) { /* at the head of its tag's list, as a piece in its place would be */
+      free_detach(s, b);
+      tag_push(s, b);
+    }
+    b->arena->free_bytes -= size;
+    u->tag = 0;
+    u->epoch = 0;
+    return u;
+  }
   free_detach(s, b); /* a piece left free takes b's place in the sets (free_insert_at) */
   sb_block* place = b;
   /* b's size changes while it is still in the sets: the free bytes are set at the end */
   size_t free_after = b->arena->free_bytes - size;
-  uint64_t end = b->ptr + b->size;
   if (at > b->ptr && pre) { /* callers pass `pre` whenever at > b->ptr */
     *pre = *b;
     memset(&pre->snode, 0, sizeof pre->snode);
@@ -232,8 +283,8 @@ static inline sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size
  * with none kept, when the host is out of memory. */
 static inline bool carve_spares(sb_state* s, const sb_block* b, uint64_t at, size_t size,
                                 sb_block** pre, sb_block** post) {
-  *pre = at > b->ptr ? block_new(s) : NULL;
-  *post = at + size < b->ptr + b->size ? block_new(s) : NULL;
+  *pre = at > b->ptr ? spare_new(s) : NULL;
+  *post = at + size < b->ptr + b->size ? spare_new(s) : NULL;
   if ((at > b->ptr && !*pre) || (at + size < b->ptr + b->size && !*post)) {
     if (*pre) block_delete(s, *pre);
     if (*post) block_delete(s, *post);

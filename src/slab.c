@@ -29,6 +29,12 @@ void _stash_slab_init(slab_t* s, size_t obj_size) {
 }
 
 void* _stash_slab_alloc(slab_t* s) {
+  void* obj = _stash_slab_take(s);
+  if (obj) memset(obj, 0, s->obj_size);
+  return obj;
+}
+
+void* _stash_slab_take(slab_t* s) {
   if (!s->free_list) {
     /* The first 16 bytes of a chunk link the chunks; objects follow. */
     char* chunk = malloc(16 + s->per_chunk * s->obj_size);
@@ -43,7 +49,6 @@ void* _stash_slab_alloc(slab_t* s) {
   }
   void* obj = s->free_list;
   s->free_list = *(void**)obj;
-  memset(obj, 0, s->obj_size);
   s->live++;
   return obj;
 }
