@@ -92,9 +92,13 @@ STASH_HIDDEN bool _stash_bs_valid(const blockset_t* s);
 
 /* ---- ptrmap.c: device address -> object (open addressing) -------------------------------- */
 
+typedef struct ptrmap_slot_s {
+  uint64_t key; /* 0 = empty */
+  void* value;
+} ptrmap_slot_t;
+
 typedef struct ptrmap_s {
-  uint64_t* keys; /* 0 = empty slot */
-  void** values;
+  ptrmap_slot_t* slots;
   size_t cap;     /* power of two */
   size_t count;
   unsigned shift; /* 64 - log2(cap): a key's home slot is the top bits of its product */

@@ -1,7 +1,8 @@
 /* ptrmap.c: device address -> object, an open-addressing hash table.
  *
  * Linear probing over a power-of-two table kept at most half full; deletion shifts later
- * entries back (no tombstones), so lookups stay short however long the heap lives.
+ * entries back (no tombstones), so lookups stay short however long the heap lives. A key and
+ * its object lie side by side (one cache line for a lookup, not one in each of two arrays).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -28,35 +29,26 @@ static unsigned shift_of(size_t cap) {
 void _stash_ptrmap_init(ptrmap_t* m) { memset(m, 0, sizeof *m); }
 
 void _stash_ptrmap_free(ptrmap_t* m) {
-  free(m->keys);
-  free(m->values);
+  free(m->slots);
   memset(m, 0, sizeof *m);
 }
 
-static void insert_slot(uint64_t* keys, void** values, size_t cap, unsigned shift, uint64_t key,
+static void insert_slot(ptrmap_slot_t* slots, size_t cap, unsigned shift, uint64_t key,
                         void* value) {
   size_t i = slot_of(key, shift);
-  while (keys[i] != 0 && keys[i] != key) i = (i + 1) & (cap - 1);
-  keys[i] = key;
-  values[i] = value;
+  while (slots[i].key != 0 && slots[i].key != key) i = (i + 1) & (cap - 1);
+  slots[i] = (ptrmap_slot_t){key, value};
 }
 
 static stash_status_t grow_to(ptrmap_t* m, size_t cap) {
-  uint64_t* keys = calloc(cap, sizeof *keys);
-  void** values = calloc(cap, sizeof *values);
-  if (!keys || !values) {
-    free(keys);
-    free(values);
-    return STASH_ERR_HOST_OOM;
-  }
+  ptrmap_slot_t* slots = calloc(cap, sizeof *slots);
+  if (!slots) return STASH_ERR_HOST_OOM;
   unsigned shift = shift_of(cap);
   for (size_t i = 0; i < m->cap; i++) {
-    if (m->keys[i]) insert_slot(keys, values, cap, shift, m->keys[i], m->values[i]);
+    if (m->slots[i].key) insert_slot(slots, cap, shift, m->slots[i].key, m->slots[i].value);
   }
-  free(m->keys);
-  free(m->values);
-  m->keys = keys;
-  m->values = values;
+  free(m->slots);
+  m->slots = slots;
   m->cap = cap;
   m->shift = shift;
   return STASH_OK;
@@ -71,21 +63,20 @@ stash_status_t _stash_ptrmap_reserve(ptrmap_t* m, size_t extra) {
 }
 
 stash_status_t _stash_ptrmap_put(ptrmap_t* m, uint64_t key, void* value) {
-  stash_status_t st = _stash_ptrmap_reserve(m, 1);
+  stash_status_t st = _stash_ptrmap_room(m, 1);
   if (st != STASH_OK) return st;
   size_t i = slot_of(key, m->shift);
-  while (m->keys[i] != 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
-  if (m->keys[i] == 0) m->count++;
-  m->keys[i] = key;
-  m->values[i] = value;
+  while (m->slots[i].key != 0 && m->slots[i].key != key) i = (i + 1) & (m->cap - 1);
+  if (m->slots[i].key == 0) m->count++;
+  m->slots[i] = (ptrmap_slot_t){key, value};
   return STASH_OK;
 }
 
 void* _stash_ptrmap_get(const ptrmap_t* m, uint64_t key) {
   if (!m->cap || key == 0) return NULL;
   size_t i = slot_of(key, m->shift);
-  while (m->keys[i] != 0) {
-    if (m->keys[i] == key) return m->values[i];
+  while (m->slots[i].key != 0) {
+    if (m->slots[i].key == key) return m->slots[i].value;
     i = (i + 1) & (m->cap - 1);
   }
   return NULL;
@@ -95,27 +86,25 @@ void* _stash_ptrmap_take(ptrmap_t* m, uint64_t key) {
   if (!m->cap || key == 0) return NULL;
   size_t mask = m->cap - 1;
   size_t i = slot_of(key, m->shift);
-  while (m->keys[i] != key) {
-    if (m->keys[i] == 0) return NULL;
+  while (m->slots[i].key != key) {
+    if (m->slots[i].key == 0) return NULL;
     i = (i + 1) & mask;
   }
-  void* value = m->values[i];
+  void* value = m->slots[i].value;
   /* Backward-shift deletion: move back every later entry of the run that may sit there. */
   size_t hole = i;
   size_t j = (i + 1) & mask;
-  while (m->keys[j] != 0) {
-    size_t home = slot_of(m->keys[j], m->shift);
+  while (m->slots[j].key != 0) {
+    size_t home = slot_of(m->slots[j].key, m->shift);
     /* Entry j can fill the hole if its home is not cyclically in (hole, j]. */
     bool in_range = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
     if (!in_range) {
-      m->keys[hole] = m->keys[j];
-      m->values[hole] = m->values[j];
+      m->slots[hole] = m->slots[j];
       hole = j;
     }
     j = (j + 1) & mask;
   }
-  m->keys[hole] = 0;
-  m->values[hole] = NULL;
+  m->slots[hole] = (ptrmap_slot_t){0, NULL};
   m->count--;
   return value;
 }

@@ -212,7 +212,7 @@ TEST(ptrmap_put_get_take) {
 static size_t longest_run(const ptrmap_t* m) {
   size_t best = 0, run = 0;
   for (size_t i = 0; i < 2 * m->cap; i++) { /* twice round: a run may wrap */
-    run = m->keys[i & (m->cap - 1)] ? run + 1 : 0;
+    run = m->slots[i & (m->cap - 1)].key ? run + 1 : 0;
     if (run > best) best = run;
   }
   return best < m->cap ? best : m->cap;
