@@ -238,7 +238,7 @@ static void cache_flush(sb_state* s) {
       sb_block* next = b->tnext;
       b->tnext = NULL;
       b->kind = K_FREE;
-      free_coalesce(s, b); /* keeps b; merges only K_FREE neighbours */
+      free_coalesce(s, b); /* merges only K_FREE neighbours: `next`, cached, stays */
       b = next;
     }
     s->cache[i] = NULL;

@@ -145,35 +145,59 @@ static inline bool tag_ok(const sb_block* b, uint32_t slot) {
   return b->tag == 0 || b->tag == slot;
 }
 
-/* b is free and not in the sets: merge it with free neighbours, then insert it - in the
- * place of a neighbour it merged with, if any (free_insert_at). */
+/* b is free and not in the sets: merge it with its free neighbours - into the one before it
+ * (or else the one after it), which keeps its place in the address set, its size order
+ * checked (or its tag's set changed), and b's metadata is deleted - or, with none, insert it.
+ * The merged block takes the stricter tag: the last non-zero one of b's, the next block's
+ * and the previous block's; its epoch is the latest. */
 static inline void free_coalesce(sb_state* s, sb_block* b) {
-  sb_block* place = NULL; /* a merged neighbour, deleted once b has its place */
+  uint32_t tag = b->tag;
+  uint64_t epoch = b->epoch;
   sb_block* n = b->next;
-  if (n && n->kind == K_FREE && tags_merge(b->tag, n->tag)) {
-    free_detach(s, n);
-    b->size += n->size;
-    if (n->tag) b->tag = n->tag;
-    if (n->epoch > b->epoch) b->epoch = n->epoch;
-    unlink_block(n);
-    place = n;
+  bool mn = n && n->kind == K_FREE && tags_merge(tag, n->tag);
+  if (mn) {
+    if (n->tag) tag = n->tag;
+    if (n->epoch > epoch) epoch = n->epoch;
   }
   sb_block* p = b->prev;
-  if (p && p->kind == K_FREE && tags_merge(b->tag, p->tag)) {
-    free_detach(s, p);
-    b->ptr = p->ptr;
-    b->size += p->size;
-    if (p->tag) b->tag = p->tag;
-    if (p->epoch > b->epoch) b->epoch = p->epoch;
-    unlink_block(p);
-    if (place) {
-      free_erase(place);
-      block_delete(s, place);
-    }
-    place = p;
+  bool mp = p && p->kind == K_FREE && tags_merge(tag, p->tag);
+  if (mp) {
+    if (p->tag) tag = p->tag;
+    if (p->epoch > epoch) epoch = p->epoch;
   }
-  free_insert_at(s, b, place);
-  if (place) block_delete(s, place);
+  if (!mn && !mp) {
+    free_insert(s, b);
+    return;
+  }
+  sb_arena* a = b->arena;
+  sb_block* keep = mp ? p : n;
+  size_t add = b->size; /* bytes that join keep's free extent */
+  if (mp && mn) {
+    free_remove(s, n);
+    add += n->size;
+    unlink_block(n);
+    block_delete(s, n);
+  }
+  free_detach(s, keep); /* at the head of its tag's list again, as a merged block would be */
+  uint32_t old_tag = keep->tag;
+  if (keep == n) keep->ptr = b->ptr;
+  keep->size += add;
+  keep->tag = tag;
+  keep->epoch = epoch;
+  unlink_block(b);
+  block_delete(s, b);
+  if (old_tag != tag) {
+    _stash_bs_erase(&a->by_size[old_tag], &keep->snode);
+    _stash_bs_insert(&a->by_size[tag], &keep->snode);
+  } else {
+    bs_node_t* hi = _stash_bs_next(&keep->snode); /* it orders higher now: above hi? */
+    if (hi && cmp_size(&keep->snode, hi) > 0) {
+      _stash_bs_erase(&a->by_size[tag], &keep->snode);
+      _stash_bs_insert(&a->by_size[tag], &keep->snode);
+    }
+  }
+  a->free_bytes += add;
+  tag_push(s, keep);
 }
 
 /* The free block containing [addr, addr + size), or NULL. */
