@@ -305,6 +305,15 @@ TEST(history_is_trimmed_and_hints_stay_right) {
   CHECK_EQ(wrong, 0);
   CHECK(L.base > 0);
   CHECK(L.n <= ((size_t)1 << 16));
+  /* the records are a ring whose start is no longer its first slot: the forecast still
+   * names what the counterpart (allocation 0 of the last turn) lived beside */
+  CHECK(L.base % ((uint64_t)1 << 16) != 0);
+  uint64_t fc[8][2];
+  size_t n = 0;
+  CHECK(_stash_loop_forecast(&L, kSizes[0], fc, 8, &n));
+  CHECK_EQ(n, 1);
+  CHECK_EQ(fc[0][0], (uint64_t)(11999 % 7) * 1000 * MiB + 32 * MiB);
+  CHECK_EQ(fc[0][1], kSizes[1]);
   _stash_loop_free(&L);
 }
 
