@@ -237,7 +237,6 @@ struct sb_stitch_s {
   sb_block* user;     /* the live (or pending) block using it, or NULL */
   sb_block* phantoms; /* while lent: the phantom blocks holding its arena memory, linked by
                          tnext (stitch_return finds them there, not by walking the arenas) */
-  size_t nphantoms;
   uint32_t id;        /* its number (turn replay's place for the block it served) */
 };
 

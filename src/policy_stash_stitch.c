@@ -98,7 +98,6 @@ stash_status_t _stash_sb_stitch_lend(stash_heap_t* h, sb_stitch* st) {
   }
   size_t r = 0;
   st->phantoms = NULL;
-  st->nphantoms = 0;
   FOR_LENT(s, st, {
     sb_block* b = free_containing(run_arena, run_at, run_len);
     sb_block* ph = carve(s, b, run_at, run_len, meta[3 * r], meta[3 * r + 1]);
@@ -107,57 +106,60 @@ stash_status_t _stash_sb_stitch_lend(stash_heap_t* h, sb_stitch* st) {
     ph->stitch = st;
     ph->tnext = st->phantoms;
     st->phantoms = ph;
-    st->nphantoms++;
     r++;
   });
   if (meta != spare) free(meta);
   return STASH_OK;
 }
 
-/* Take the pages back: the phantoms become free blocks tagged with the stream that used
- * the stitched block. */
-static void phantom_return(sb_state* s, sb_block* b, uint32_t tag, uint64_t epoch) {
-  b->tnext = NULL;
-  b->kind = K_FREE;
-  b->stitch = NULL;
-  b->tag = tag;
-  b->epoch = epoch;
-  free_coalesce(s, b);
-}
-
 /* Whether phantom a comes before b: the small arena's first, then by address (the order in
- * which a walk of the arenas meets them). */
+ * which a walk of the arenas would meet them). */
 static bool phantom_before(const sb_block* a, const sb_block* b) {
   if (a->arena->small != b->arena->small) return a->arena->small;
   return a->ptr < b->ptr;
 }
 
+/* A list of phantoms (linked by tnext) in that order: a merge sort of the list itself, so
+ * that taking the pages back needs no host memory. */
+static sb_block* phantoms_sorted(sb_block* list) {
+  if (!list || !list->tnext) return list;
+  sb_block *slow = list, *fast = list->tnext;
+  while (fast && fast->tnext) {
+    slow = slow->tnext;
+    fast = fast->tnext->tnext;
+  }
+  sb_block* b = phantoms_sorted(slow->tnext);
+  slow->tnext = NULL;
+  sb_block* a = phantoms_sorted(list);
+  sb_block* out = NULL;
+  sb_block** tail = &out;
+  while (a && b) {
+    sb_block** from = phantom_before(b, a) ? &b : &a;
+    *tail = *from;
+    *from = (*from)->tnext;
+    tail = &(*tail)->tnext;
+  }
+  *tail = a ? a : b;
+  return out;
+}
+
+/* Take the pages back: the phantoms become free blocks tagged with the stream that used
+ * the stitched block - in the arenas' order, as a walk of them would (a merge's outcome may
+ * depend on the order). */
 void _stash_sb_stitch_return(stash_heap_t* h, sb_stitch* st, uint32_t tag, uint64_t epoch) {
   sb_state* s = S(h);
-  sb_block* local[64];
-  size_t n = st->nphantoms;
-  sb_block** v = n <= 64 ? local : malloc(n * sizeof *v);
-  if (!v) { /* out of host memory: walk the arenas for them instead */
-    for (int i = st->small_homes ? 0 : 1; i < 2; i++) {
-      for (sb_block* b = s->arenas[i].first; b;) {
-        sb_block* next = b->next;
-        if (b->kind == K_PHANTOM && b->stitch == st) phantom_return(s, b, tag, epoch);
-        b = next;
-      }
-    }
-  } else {
-    /* in the arenas' order, as a walk would meet them (a merge's outcome may depend on it) */
-    size_t k = 0;
-    for (sb_block* b = st->phantoms; b; b = b->tnext) {
-      size_t j = k++;
-      for (; j > 0 && phantom_before(b, v[j - 1]); j--) v[j] = v[j - 1];
-      v[j] = b;
-    }
-    for (size_t i = 0; i < k; i++) phantom_return(s, v[i], tag, epoch);
-    if (v != local) free(v);
-  }
+  sb_block* b = phantoms_sorted(st->phantoms);
   st->phantoms = NULL;
-  st->nphantoms = 0;
+  while (b) {
+    sb_block* next = b->tnext; /* a phantom still: no merge takes it */
+    b->tnext = NULL;
+    b->kind = K_FREE;
+    b->stitch = NULL;
+    b->tag = tag;
+    b->epoch = epoch;
+    free_coalesce(s, b);
+    b = next;
+  }
 }
 
 /* Map st's home pages at st->va, one map call per run within one physical allocation. */
