@@ -219,7 +219,8 @@ static inline sb_block* free_containing(sb_arena* a, uint64_t addr, size_t size)
 
 /* Carve [at, at + size) out of free block b (which contains it); the pieces before and
  * after stay free with b's tag. `pre` and `post` are spare metadata, used or deleted (NULL
- * where that piece cannot exist). Returns the carved block (not in any set, kind to be set by the caller). */
+ * where that piece cannot exist). Returns the carved block (not in any set, kind to be set by
+ * the caller): b, or - where one piece stays free, and b is that piece - a spare. */
 static inline sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size, sb_block* pre,
                               sb_block* post) {
   uint64_t end = b->ptr + b->size;
