@@ -147,8 +147,8 @@ static stash_status_t record_deferred(stash_heap_t* h, stash_events_t* e) {
   return STASH_OK;
 }
 
-stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
-                                  stash_ev_done_fn done) {
+stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e, bool wait,
+                                         stash_ev_done_fn done) {
   if (h->capturing) return STASH_OK;
   stash_status_t st = e->ndeferred ? record_deferred(h, e) : STASH_OK;
   for (size_t i = 0; i < e->nqueues && st == STASH_OK; i++) {

@@ -382,12 +382,15 @@ STASH_HIDDEN stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t
                                                  void* const* streams, size_t n, void* item);
 /* Call done(item) for every completed entry, in order per stream, stopping at a stream's
  * first incomplete one; with wait, wait for every entry instead. During a capture: nothing
- * (no event is queried, as PyTorch processes none then). */
-STASH_HIDDEN stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
-                                               stash_ev_done_fn done);
-/* Whether a poll has anything to do: an entry is queued (deferred ones too). Inline, so that
- * an allocation with no event outstanding - most of them - makes no call. */
-static inline bool _stash_events_queued(const stash_events_t* e) { return e->nqueues != 0; }
+ * (no event is queried, as PyTorch processes none then). Inline where nothing is queued
+ * (deferred entries are queued too): an allocation with no event outstanding - most of
+ * them - makes no call. */
+STASH_HIDDEN stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e,
+                                                      bool wait, stash_ev_done_fn done);
+static inline stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
+                                                stash_ev_done_fn done) {
+  return e->nqueues ? _stash_events_poll_queues(h, e, wait, done) : STASH_OK;
+}
 STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
                                         void (*fn)(void* item, void* arg), void* arg);
 /* Add stream to a block's list of streams it was used on (once): record_stream. */

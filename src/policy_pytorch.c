@@ -331,7 +331,6 @@ static stash_status_t insert_events(stash_heap_t* h, pt_block* b) {
 
 /* PyTorch's process_events: complete the frees whose events are done, FIFO per stream. */
 static stash_status_t process_events(stash_heap_t* h) {
-  if (!_stash_events_queued(&S(h)->events)) return STASH_OK;
   return _stash_events_poll(h, &S(h)->events, false, event_done);
 }
 

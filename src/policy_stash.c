@@ -665,9 +665,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   knob_arm(s);
   if (_stash_ptrmap_room(&s->allocated, 1) != STASH_OK)
     return _stash_error(STASH_ERR_HOST_OOM, "alloc: out of host memory");
-  stash_status_t st =
-      _stash_events_queued(&s->events) ? _stash_events_poll(h, &s->events, false, event_done)
-                                       : STASH_OK;
+  stash_status_t st = _stash_events_poll(h, &s->events, false, event_done);
   if (st != STASH_OK) return st;
   uint32_t slot = 0;
   st = stream_slot(h, stream, &slot);
