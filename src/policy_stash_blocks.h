@@ -229,7 +229,8 @@ static inline sb_block* carve(sb_state* s, sb_block* b, uint64_t at, size_t size
     /* One piece stays free: b itself, where it is in the sets - its address order holds, its
      * size order is checked - and the carved block is the spare (no set changes places). */
     sb_block* u = before ? pre : post;
-    if (before ? post : pre) block_delete(s, before ? post : pre);
+    sb_block* unused = before ? post : pre;
+    if (unused) block_delete(s, unused);
     *u = *b;
     memset(&u->snode, 0, sizeof u->snode);
     memset(&u->anode, 0, sizeof u->anode);
