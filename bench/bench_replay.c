@@ -3,6 +3,7 @@
  * time: what is measured is stash's own bookkeeping).
  *
  *   bench_replay [--reps N] [--passes P] [--conf STR]... [--no-pairs] TRACE...
+ *   bench_replay --digest [--passes P] [--conf STR]... TRACE...
  *
  * For each trace and configuration: "cold" is a first pass on a fresh heap (it includes
  * creating the segments), "warm" a second pass over the same heap after the first pass's
@@ -15,6 +16,12 @@
  * per event once they are all made (thirty-ninth session). Then pairs: the same size
  * allocated and freed 10^6 times, for 4 KiB ... 64 MiB (not with --no-pairs: a profile of the
  * traces alone).
+ *
+ * --digest times nothing: for each trace and configuration it makes P passes (default 3) over
+ * one heap, as above, and prints a hash (64-bit FNV-1a) of every address the heap returned,
+ * in order, with the peak reserved bytes and provider calls. Two builds that print the same
+ * digests made the same decisions on those traces: the check a change meant only to be faster
+ * needs (bench/same_decisions.sh runs it for two sources over every trace).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,15 +75,68 @@ static double pass(stash_heap_t* h, stash_sim_t* sim, const trace_t* t, void** p
   return ns;
 }
 
+/* --digest: P passes over one heap; the FNV-1a hash of every address, in order (an allocation
+ * that fails hashes as 0: out of memory is a decision too). */
+static int digest(const char* path, const trace_t* t, const char* conf_text, int passes,
+                  void** ptrs) {
+  stash_conf_t conf;
+  stash_conf_init(&conf);
+  if (stash_conf_parse(&conf, conf_text) != STASH_OK) {
+    fprintf(stderr, "%s\n", stash_last_error());
+    return 2;
+  }
+  stash_sim_t* sim;
+  stash_heap_t* h;
+  if (stash_sim_create(1, 0, &sim) != STASH_OK ||
+      stash_heap_create(&conf, stash_sim_provider(sim), 0, &h) != STASH_OK) {
+    fprintf(stderr, "%s\n", stash_last_error());
+    return 2;
+  }
+  uint64_t hash = 14695981039346656037ull;
+  for (int k = 0; k < passes; k++) {
+    for (size_t i = 0; i < t->nevents; i++) {
+      const trace_event_t* e = &t->events[i];
+      void* stream = (void*)(uintptr_t)t->streams[e->stream];
+      if (e->op == TRACE_ALLOC) {
+        stash_status_t st = stash_heap_alloc(h, e->size, stream, &ptrs[e->id]);
+        if (st != STASH_OK && st != STASH_ERR_OOM) {
+          fprintf(stderr, "%s: %s\n", path, stash_last_error());
+          return 2;
+        }
+        if (st != STASH_OK) ptrs[e->id] = NULL;
+        uint64_t a = (uint64_t)(uintptr_t)ptrs[e->id];
+        for (int b = 0; b < 8; b++) hash = (hash ^ ((a >> (8 * b)) & 0xff)) * 1099511628211ull;
+      } else if (ptrs[e->id]) {
+        stash_heap_free(h, ptrs[e->id]);
+        ptrs[e->id] = NULL;
+      }
+      if (t->nstreams > 1) stash_sim_complete_all(sim);
+    }
+    for (uint64_t i = 0; i < t->nallocs; i++) {
+      if (ptrs[i]) stash_heap_free(h, ptrs[i]);
+      ptrs[i] = NULL;
+    }
+  }
+  stash_stats_t s = {.size = sizeof s};
+  stash_heap_stats(h, &s);
+  printf("%s %s %016llx %llu %llu %llu\n", path, conf_text, (unsigned long long)hash,
+         (unsigned long long)s.reserved_bytes[STASH_STAT_ALL].peak,
+         (unsigned long long)s.num_device_alloc, (unsigned long long)s.num_device_free);
+  stash_heap_destroy(h);
+  stash_sim_destroy(sim);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int reps = 7;
   const char* confs[16];
   int nconfs = 0;
-  int first_trace = argc, pairs = 1, passes = 8;
+  int first_trace = argc, pairs = 1, passes = 0, digests = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--conf") && i + 1 < argc && nconfs < 16) confs[nconfs++] = argv[++i];
     else if (!strcmp(argv[i], "--no-pairs")) pairs = 0;
+    else if (!strcmp(argv[i], "--digest")) digests = 1;
     else if (!strcmp(argv[i], "--passes") && i + 1 < argc) passes = atoi(argv[++i]);
     else {
       first_trace = i;
@@ -88,7 +148,23 @@ int main(int argc, char** argv) {
     confs[nconfs++] = "policy:pytorch,expandable_segments:True";
   }
   if (reps < 1 || reps > 101) reps = 7;
-  if (passes < 1 || passes > 101) passes = 8;
+  if (passes < 1 || passes > 101) passes = digests ? 3 : 8;
+  if (digests) {
+    for (int ti = first_trace; ti < argc; ti++) {
+      trace_t t;
+      char err[512];
+      if (!trace_read(argv[ti], &t, err, sizeof err, NULL, NULL)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+      }
+      void** ptrs = calloc(t.nallocs + 1, sizeof *ptrs);
+      for (int c = 0; c < nconfs; c++)
+        if (digest(argv[ti], &t, confs[c], passes, ptrs)) return 2;
+      free(ptrs);
+      trace_free(&t);
+    }
+    return 0;
+  }
   printf("%-26s %-44s %12s %12s %12s\n", "trace", "configuration", "cold ns/ev", "warm ns/ev",
          "steady ns/ev");
   for (int ti = first_trace; ti < argc; ti++) {
