@@ -274,7 +274,14 @@ static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) 
   }
   s->streams[k] = (sb_stream){.stream = stream, .epoch_next = 1};
   s->nstreams = k;
-  if (k > 1) cache_flush(s); /* a second stream: its blocks go by the tags' rules only */
+  if (k == 2) {
+    /* a second stream: its blocks go by the tags' rules only, and turn replay and the step
+     * fates, which follow one stream, answer no more (turn_hint, clear_fit, sb_alloc): their
+     * records go and cost nothing from here on (fate.c still follows the steps) */
+    cache_flush(s);
+    _stash_loop_stop(&s->loop);
+    _stash_fate_stop_answers(&s->fate);
+  }
   *out = (uint32_t)k;
   return STASH_OK;
 }
