@@ -47,7 +47,7 @@
  * keep them over that; its floor, for ending it, is the live bytes at the last large request
  * before the first recorded block is freed (the weights loaded).
  *
- * Memory: two steps' tables of 24-byte slots, 2-4 slots per key; a failed host allocation
+ * Memory: two steps' tables of 32-byte slots, 2-4 slots per key; a failed host allocation
  * turns this off, which only ends the predictions.
  */
 #include <stdlib.h>
@@ -87,11 +87,16 @@ static uint64_t key_of(uint64_t context, size_t size) {
   return _stash_mix64(context ^ _stash_mix64(size));
 }
 
-/* The slot of key in step t: the one holding it, or the empty one (born 0) where it would go
- * (a table is never more than half full). */
+/* Whether slot x of step t holds a key: written (born 0: never) in t's generation. */
+static bool used(const stash_fate_step_t* t, const stash_fate_slot_t* x) {
+  return x->born && x->gen == t->gen;
+}
+
+/* The slot of key in step t: the one holding it, or the empty one where it would go (a table
+ * is never more than half full). */
 static stash_fate_slot_t* slot_of(const stash_fate_step_t* t, uint64_t key) {
   size_t mask = t->cap - 1, i = (size_t)key & mask;
-  while (t->slots[i].born && t->slots[i].key != key) i = (i + 1) & mask;
+  while (used(t, &t->slots[i]) && t->slots[i].key != key) i = (i + 1) & mask;
   return &t->slots[i];
 }
 
@@ -99,7 +104,7 @@ static stash_fate_slot_t* slot_of(const stash_fate_step_t* t, uint64_t key) {
 static stash_fate_slot_t* find(const stash_fate_step_t* t, uint64_t key) {
   if (!t->cap) return NULL;
   stash_fate_slot_t* x = slot_of(t, key);
-  return x->born ? x : NULL;
+  return used(t, x) ? x : NULL;
 }
 
 /* Room for one more key in step t; false when the host is out of memory. */
@@ -113,7 +118,7 @@ static bool reserve(stash_fate_step_t* t) {
   }
   t->cap = cap;
   for (size_t i = 0; i < old_cap; i++)
-    if (old[i].born) *slot_of(t, old[i].key) = old[i];
+    if (used(t, &old[i])) *slot_of(t, old[i].key) = old[i];
   free(old);
   return true;
 }
@@ -202,7 +207,7 @@ static void follow(stash_fate_t* F, int64_t live) {
     F->nsteps++;
     F->grow_armed = F->nsteps == 1;
     stash_fate_step_t* t = &F->step[F->nsteps & 1]; /* the step before last: forgotten */
-    if (t->slots) memset(t->slots, 0, t->cap * sizeof *t->slots);
+    t->gen++; /* its slots are empty now */
     t->nkeys = 0;
     t->first_huge = t->last_huge = 0;
   } else if (F->between && live * 2 > F->peak) {
@@ -269,8 +274,8 @@ bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
     return false;
   }
   stash_fate_slot_t* x = slot_of(t, F->asked_key);
-  if (!x->born) t->nkeys++;
-  *x = (stash_fate_slot_t){F->asked_key, F->clock, 0}; /* the latest allocation answers */
+  if (!used(t, x)) t->nkeys++;
+  *x = (stash_fate_slot_t){F->asked_key, F->clock, 0, t->gen}; /* the latest allocation answers */
   return true;
 }
 

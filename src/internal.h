@@ -227,11 +227,14 @@ typedef struct stash_fate_slot_s {
   uint64_t key;   /* size and context */
   uint64_t born;  /* the clock when the key's latest allocation was made (0: an empty slot) */
   uint64_t freed; /* ... and when a block of the key was first freed after that (0: none) */
+  uint64_t gen;   /* the table's generation it was written in (an older one: empty) */
 } stash_fate_slot_t;
 
 typedef struct stash_fate_step_s {
   stash_fate_slot_t* slots; /* open addressing by key, at most half full */
   size_t cap, nkeys;
+  uint64_t gen;             /* slots written in another generation are empty: a new step's
+                               table is the old one with its generation moved on, not cleared */
   uint64_t first_huge, last_huge; /* the clock at the step's first and last huge request */
 } stash_fate_step_t;
 

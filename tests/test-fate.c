@@ -126,6 +126,36 @@ TEST(without_answers_steps_are_followed_alike_and_no_table_is_kept) {
   _stash_fate_free(&B);
 }
 
+/* A model step, with (extra) one more block before it, of a key no other step has (context 9),
+ * that lives past the step's last huge request - freed at its end (free_it), or left live;
+ * then the step's end. */
+static void step_with_extra(stash_fate_t* F, bool extra, bool free_it) {
+  stash_fate_class_t c[7];
+  block_t x = {false, 0, 0};
+  if (extra) x = alloc(F, 9, 12 * MiB, 50 * (int64_t)MiB, NULL);
+  model_step(F, c);
+  if (free_it) freed(F, x);
+  next_step(F);
+}
+
+TEST(a_step_answers_from_its_own_table_not_one_of_two_steps_before) {
+  /* Two tables take turns: the step after next writes in the table of the step before - which
+   * must hold none of that step's keys (a step's end empties the table the next step writes
+   * in). A key made only in the first of four steps, by a block that lives on (which would
+   * answer "stays"): the fourth step predicts from the third's table, the first's again. */
+  for (int control = 0; control < 2; control++) {
+    stash_fate_t F;
+    _stash_fate_init(&F);
+    step_with_extra(&F, true, false);
+    step_with_extra(&F, false, false);
+    step_with_extra(&F, control, true); /* the control makes the key in the third step too */
+    CHECK_EQ(F.nsteps, 3);
+    CHECK_EQ(_stash_fate_predict(&F, 9, 12 * MiB, 50 * (int64_t)MiB),
+             control ? STASH_FATE_STAYS : STASH_FATE_UNKNOWN);
+    _stash_fate_free(&F);
+  }
+}
+
 TEST(a_step_without_a_huge_request_teaches_nothing) {
   stash_fate_t F;
   _stash_fate_init(&F);
@@ -377,6 +407,7 @@ TEST(a_request_huge_for_its_step_counts_only_after_a_forward_pass) {
 int main(void) {
   RUN(a_step_learns_what_the_last_one_did_around_its_huge_requests);
   RUN(a_step_without_a_huge_request_teaches_nothing);
+  RUN(a_step_answers_from_its_own_table_not_one_of_two_steps_before);
   RUN(without_answers_steps_are_followed_alike_and_no_table_is_kept);
   RUN(steps_end_under_a_quarter_of_the_peak_and_begin_past_half);
   RUN(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it);
