@@ -182,6 +182,7 @@ typedef struct stash_loop_s {
   uint64_t hash;       /* the rolling hash of the last codes ... */
   uint64_t base_pow;   /* ... and its multiplier to the power of their number */
   uint64_t period;     /* the proposed length of a turn in events, 0 for none */
+  int64_t live;        /* bytes allocated less bytes freed, after the last event */
   bool disabled;       /* out of host memory once: detects nothing any more */
   bool stopped;        /* _stash_loop_stop: records nothing any more */
 } stash_loop_t;

@@ -90,8 +90,8 @@ static bool push(stash_loop_t* L, uint64_t code, int64_t delta, uint64_t offset)
     if (!L->table && !(L->table = calloc(kTableSize, sizeof *L->table))) return false;
     if (!L->last_of && !(L->last_of = calloc(kTableSize, sizeof *L->last_of))) return false;
   }
-  int64_t live = (L->n ? at(L, L->base + L->n - 1)->live : 0) + delta;
-  *at(L, L->base + L->n++) = (stash_loop_ev_t){code, offset, live, 0, 0};
+  L->live += delta;
+  *at(L, L->base + L->n++) = (stash_loop_ev_t){code, offset, L->live, 0, 0};
   return true;
 }
 
@@ -112,9 +112,8 @@ static bool same_free(const stash_loop_t* L, uint64_t e, uint64_t f) {
  * living across a turn's start differ when earlier turns had other lengths (a first step that
  * also made the optimizer's state), and breaking there leaves the next turn's first blocks
  * without hints (six traces' peaks 2-63 MB lower, none higher: docs/policy-stash.md,
- * "Twenty-second session"). */
-static void detect(stash_loop_t* L, uint64_t e) {
-  uint64_t code = at(L, e)->code;
+ * "Twenty-second session"). `code`: event e's. */
+static void detect(stash_loop_t* L, uint64_t e, uint64_t code) {
   if (L->period && (e - L->base < L->period ||
                     (at(L, e - L->period)->code != code && !same_free(L, e, e - L->period))))
     L->period = 0; /* the proposal broke */
@@ -148,7 +147,7 @@ uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
   uint64_t* last = &L->last_of[table_slot(code)];
   if (*last && *last - 1 >= L->base && at(L, *last - 1)->code == code) at(L, e)->same = *last;
   *last = e + 1;
-  detect(L, e);
+  detect(L, e, code);
   return e;
 }
 
@@ -163,7 +162,7 @@ void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
     disable(L);
     return;
   }
-  detect(L, e);
+  detect(L, e, code);
 }
 
 /* Whether the program is now at a point of a loop whose period holds where live bytes equal
