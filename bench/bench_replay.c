@@ -149,24 +149,9 @@ int main(int argc, char** argv) {
   }
   if (reps < 1 || reps > 101) reps = 7;
   if (passes < 1 || passes > 101) passes = digests ? 3 : 8;
-  if (digests) {
-    for (int ti = first_trace; ti < argc; ti++) {
-      trace_t t;
-      char err[512];
-      if (!trace_read(argv[ti], &t, err, sizeof err, NULL, NULL)) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-      }
-      void** ptrs = calloc(t.nallocs + 1, sizeof *ptrs);
-      for (int c = 0; c < nconfs; c++)
-        if (digest(argv[ti], &t, confs[c], passes, ptrs)) return 2;
-      free(ptrs);
-      trace_free(&t);
-    }
-    return 0;
-  }
-  printf("%-26s %-44s %12s %12s %12s\n", "trace", "configuration", "cold ns/ev", "warm ns/ev",
-         "steady ns/ev");
+  if (!digests)
+    printf("%-26s %-44s %12s %12s %12s\n", "trace", "configuration", "cold ns/ev", "warm ns/ev",
+           "steady ns/ev");
   for (int ti = first_trace; ti < argc; ti++) {
     trace_t t;
     char err[512];
@@ -175,7 +160,15 @@ int main(int argc, char** argv) {
       return 1;
     }
     void** ptrs = calloc(t.nallocs + 1, sizeof *ptrs);
+    if (!ptrs) {
+      fprintf(stderr, "out of host memory\n");
+      return 1;
+    }
     for (int c = 0; c < nconfs; c++) {
+      if (digests) {
+        if (digest(argv[ti], &t, confs[c], passes, ptrs)) return 2;
+        continue;
+      }
       stash_conf_t conf;
       stash_conf_init(&conf);
       if (stash_conf_parse(&conf, confs[c]) != STASH_OK) {
@@ -201,7 +194,7 @@ int main(int argc, char** argv) {
     free(ptrs);
     trace_free(&t);
   }
-  if (!pairs) return 0;
+  if (digests || !pairs) return 0;
   printf("\n%-44s %10s %16s\n", "same size alloc+free, 10^6 pairs", "size", "ns/pair (median)");
   static const size_t sizes[] = {4096, 65536, 1 << 20, 4 << 20, 64 << 20};
   for (int c = 0; c < nconfs; c++) {
