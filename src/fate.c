@@ -69,15 +69,6 @@ void _stash_fate_free(stash_fate_t* F) {
   _stash_fate_init(F);
 }
 
-void _stash_fate_stop_answers(stash_fate_t* F) {
-  for (int i = 0; i < 2; i++) {
-    free(F->step[i].slots);
-    F->step[i].slots = NULL;
-    F->step[i].cap = F->step[i].nkeys = 0; /* first_huge and last_huge stay: steps end by them */
-  }
-  F->answerless = true;
-}
-
 static void disable(stash_fate_t* F) {
   _stash_fate_free(F);
   F->disabled = true;
@@ -229,12 +220,12 @@ stash_fate_class_t _stash_fate_predict(stash_fate_t* F, uint64_t context, size_t
   follow(F, live);
   if (context == STASH_LOOP_NONE) return STASH_FATE_UNKNOWN;
   F->asked = true; /* for _stash_fate_alloc */
-  F->asked_key = F->answerless ? 0 : key_of(context, size);
+  F->asked_key = key_of(context, size);
   F->asked_huge = size >= kHuge;
   F->asked_size = size;
   F->asked_live = live;
   if (size > F->largest) F->largest = size;
-  if (!F->nsteps || F->answerless) return STASH_FATE_UNKNOWN;
+  if (!F->nsteps) return STASH_FATE_UNKNOWN;
   const stash_fate_step_t* prev = &F->step[(F->nsteps - 1) & 1];
   if (!prev->first_huge) return STASH_FATE_UNKNOWN;
   /* its huge requests were small ones, huge for it only while live bytes had not halved:
@@ -266,9 +257,6 @@ bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
   /* made after the step's first huge request: its counterpart could only ever answer
    * UNKNOWN, and the key keeps what its allocation before the logits did */
   if (t->first_huge && t->first_huge < F->clock) return false;
-  *key = F->asked_key;
-  *step = (uint32_t)F->nsteps;
-  if (F->answerless) return true; /* its free still counts on the clock */
   if (!reserve(t)) {
     disable(F);
     return false;
@@ -276,6 +264,8 @@ bool _stash_fate_alloc(stash_fate_t* F, uint64_t* key, uint32_t* step) {
   stash_fate_slot_t* x = slot_of(t, F->asked_key);
   if (!used(t, x)) t->nkeys++;
   *x = (stash_fate_slot_t){F->asked_key, F->clock, 0, t->gen}; /* the latest allocation answers */
+  *key = F->asked_key;
+  *step = (uint32_t)F->nsteps;
   return true;
 }
 

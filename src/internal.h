@@ -184,14 +184,10 @@ typedef struct stash_loop_s {
   uint64_t period;     /* the proposed length of a turn in events, 0 for none */
   int64_t live;        /* bytes allocated less bytes freed, after the last event */
   bool disabled;       /* out of host memory once: detects nothing any more */
-  bool stopped;        /* _stash_loop_stop: records nothing any more */
 } stash_loop_t;
 
 STASH_HIDDEN void _stash_loop_init(stash_loop_t* L);
 STASH_HIDDEN void _stash_loop_free(stash_loop_t* L);
-/* No hint or forecast is wanted any more (policy:stash, once a second stream appears): the
- * records go, nothing more is recorded, and the context stays what it was. */
-STASH_HIDDEN void _stash_loop_stop(stash_loop_t* L);
 /* Record an allocation of size bytes placed at offset in the arena (STASH_LOOP_ELSEWHERE |
  * n: in place n outside it; STASH_LOOP_NONE: unknown); returns its event number, for
  * _stash_loop_freed. */
@@ -246,7 +242,6 @@ typedef struct stash_fate_s {
   int64_t peak;              /* the most bytes live in this step */
   bool between;              /* between two steps (live bytes fell under a quarter of peak) */
   bool disabled;             /* out of host memory once: no more predictions */
-  bool answerless;           /* _stash_fate_stop_answers: steps followed, no tables kept */
   bool asked;                /* a request predicted and not yet recorded: ... */
   bool asked_huge;           /* ... a huge one? ... */
   uint64_t asked_key;        /* ... its key */
@@ -277,10 +272,6 @@ typedef struct stash_fate_s {
 
 STASH_HIDDEN void _stash_fate_init(stash_fate_t* F);
 STASH_HIDDEN void _stash_fate_free(stash_fate_t* F);
-/* No prediction is wanted any more (policy:stash, once a second stream appears): the step
- * tables go and no key is recorded; the steps are still followed (_stash_fate_stepped) and
- * every other call keeps its meaning, predictions being STASH_FATE_UNKNOWN. */
-STASH_HIDDEN void _stash_fate_stop_answers(stash_fate_t* F);
 /* Before a large allocation of size bytes, with `live` bytes allocated (both pools) and
  * `context` the loop detector's: what its counterpart in the previous step did. Call once per
  * request, made or not. */

@@ -57,15 +57,6 @@ void _stash_loop_free(stash_loop_t* L) {
   _stash_loop_init(L);
 }
 
-void _stash_loop_stop(stash_loop_t* L) {
-  uint64_t hash = L->hash;
-  bool disabled = L->disabled;
-  _stash_loop_free(L);
-  L->hash = hash;
-  L->disabled = disabled;
-  L->stopped = true;
-}
-
 static void disable(stash_loop_t* L) {
   _stash_loop_free(L);
   L->disabled = true;
@@ -136,7 +127,7 @@ static void detect(stash_loop_t* L, uint64_t e, uint64_t code) {
 }
 
 uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
-  if (L->disabled || L->stopped) return STASH_LOOP_NONE;
+  if (L->disabled) return STASH_LOOP_NONE;
   uint64_t code = alloc_code(size);
   if (!push(L, code, (int64_t)size, offset)) {
     disable(L);
@@ -152,7 +143,7 @@ uint64_t _stash_loop_alloc(stash_loop_t* L, size_t size, uint64_t offset) {
 }
 
 void _stash_loop_freed(stash_loop_t* L, uint64_t id, size_t size) {
-  if (L->disabled || L->stopped) return;
+  if (L->disabled) return;
   uint64_t e = L->base + L->n; /* this free's number */
   /* An allocation recorded before the detector failed (STASH_LOOP_NONE) has no age: a
    * code no allocation of the loop can have ends any proposal. */

@@ -9,9 +9,14 @@
  * segments keep theirs) and is split off its front at 512-byte granularity; freed blocks merge
  * with free neighbours. Every stream shares the arenas: a block freed on stream A is at once
  * reusable by A, and by other streams once an event recorded on A after the free has
- * completed (a "tag" and an epoch per stream; no event at all with one stream). With one
- * stream, up to 1 MiB of freed small blocks wait, unmerged, for a request of exactly their
- * size: the fast path (K_CACHED below).
+ * completed (a "tag" and an epoch per stream; no event at all with one stream). A stream's
+ * epoch is closed (an event recorded on it) when another stream allocates, and - while
+ * another stream has allocated within the last kSelfWindow allocations - every kSelfEpoch of
+ * its own allocations, so that what it frees becomes every stream's before a side stream
+ * that allocates now and then asks for it (else each such request would find every freed
+ * block still tagged, and grow). Up to 1 MiB of freed small blocks wait, unmerged, for a
+ * request of exactly their size: the fast path (K_CACHED below) - from the stream that freed
+ * them, or from any once that stream's epoch is over.
  *
  * Phases of live bytes. While live bytes are under a quarter of their peak so far (once that
  * peak is 256 MiB or more: a model's optimizer state being created, the start of each
@@ -127,8 +132,9 @@
  * not, the block goes to the best
  * fitting free block that stays clear of where the allocations its counterpart lived beside
  * went (loop.c's forecast), so as not to take what the rest of the turn will want; only
- * then plain best fit (or stitching) - so the layout, once it repeats, keeps repeating. Not
- * with more than one stream.
+ * then plain best fit (or stitching) - so the layout, once it repeats, keeps repeating. With
+ * several streams too: the loop detector sees the program's allocations in the order the host
+ * makes them, and a hinted place is taken only where the stream may use it (its tag).
  *
  * A step's fates. Turn replay repeats a layout; it cannot make one. Where it offers no hint
  * (a second step, whose live bytes exceed the first's by the optimizer's state, is no turn of
@@ -141,7 +147,7 @@
  * above the ones that stay, and what they free when the logits come is one stretch reaching
  * the arena's free end instead of a hole between every layer's live blocks (hf/llama_b8:
  * 94.95% -> 99.88%). Other requests, and every request of a run without huge requests, are
- * placed as before. Not with more than one stream.
+ * placed as before. With several streams too, as turn replay.
  *
  * A full device. When the device (or the memory fraction) cannot hold the memory a request
  * needs as the rules above place it, a request of 48 MiB or more is placed again "pressed":
@@ -230,7 +236,14 @@ static void knob_arm(const sb_state* s) {
 
 /* ---- Cached blocks (the fast path) -------------------------------------------------------- */
 
-/* Merge every cached block into its arena. */
+/* Whether stream slot `slot` may take cached block b: the stream that freed it, or any once
+ * that stream's epoch of the free is over. */
+static bool cached_ok(const sb_state* s, const sb_block* b, uint32_t slot) {
+  return b->tag == slot || b->epoch <= s->streams[b->tag].epoch_done;
+}
+
+/* Merge every cached block into its arena (untagged if its stream's epoch is over, else
+ * tagged, in its stream's list until it is). */
 static void cache_flush(sb_state* s) {
   if (!s->ncached) return;
   for (size_t i = 0; i < kCacheSizes; i++) {
@@ -238,6 +251,7 @@ static void cache_flush(sb_state* s) {
       sb_block* next = b->tnext;
       b->tnext = NULL;
       b->kind = K_FREE;
+      if (b->epoch <= s->streams[b->tag].epoch_done) b->tag = 0, b->epoch = 0;
       free_coalesce(s, b); /* merges only K_FREE neighbours: `next`, cached, stays */
       b = next;
     }
@@ -274,14 +288,6 @@ static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) 
   }
   s->streams[k] = (sb_stream){.stream = stream, .epoch_next = 1};
   s->nstreams = k;
-  if (k == 2) {
-    /* a second stream: its blocks go by the tags' rules only, and turn replay and the step
-     * fates, which follow one stream, answer no more (turn_hint, clear_fit, sb_alloc): their
-     * records go and cost nothing from here on (fate.c still follows the steps) */
-    cache_flush(s);
-    _stash_loop_stop(&s->loop);
-    _stash_fate_stop_answers(&s->fate);
-  }
   *out = (uint32_t)k;
   return STASH_OK;
 }
@@ -294,6 +300,7 @@ static void* epoch_marker(uint32_t slot, uint64_t epoch) {
 /* Epoch `epoch` of `slot` is over on the GPU: its blocks are free for every stream. */
 static void epoch_done(stash_heap_t* h, uint32_t slot, uint64_t epoch) {
   sb_state* s = S(h);
+  if (epoch > s->streams[slot].epoch_done) s->streams[slot].epoch_done = epoch; /* in order */
   sb_block* b = s->streams[slot].thead;
   while (b) {
     sb_block* next = b->tnext;
@@ -321,12 +328,30 @@ static void event_done(stash_heap_t* h, void* item) {
 }
 
 /* Before stream `slot` allocates: close the epoch of every other stream that freed blocks,
- * with one event each, so that their blocks become usable by all streams when it completes. */
+ * with one event each, so that their blocks become usable by all streams when it completes -
+ * and its own, every kSelfEpoch of its allocations while another stream has allocated within
+ * the last kSelfWindow allocations (a side stream's requests, which come now and then, find
+ * memory the main stream freed untagged). On 405 traces given a side stream that takes a small
+ * request every 2000 events, issue 4's three targets hold on 316 with it and 130 without (367
+ * with one stream); where a second stream is used once at the start, its events cost 5 of
+ * them the driver target (362). A window of 4096 allocations keeps those 5 and loses side
+ * streams that ask less often (one request of any size every 2000 events: 239, not 282).
+ * docs/policy-stash.md, "Forty-fifth session". */
+#define kSelfEpoch KNOB_I(kSelfEpoch, 16)
+#define kSelfWindow KNOB_I(kSelfWindow, 16384)
 static stash_status_t close_epochs(stash_heap_t* h, uint32_t slot) {
   sb_state* s = S(h);
   for (size_t k = 1; k <= s->nstreams; k++) {
     sb_stream* st = &s->streams[k];
-    if (k == slot || !st->dirty) continue;
+    if (!st->dirty) continue;
+    if (k == slot) {
+      if (s->nstreams < 2 || ++st->allocs < (uint32_t)kSelfEpoch) continue;
+      bool others = false;
+      for (size_t j = 1; j <= s->nstreams; j++)
+        others |= j != k && s->streams[j].last_alloc + (uint64_t)kSelfWindow >= s->nallocs;
+      if (!others) continue;
+      st->allocs = 0;
+    }
     stash_status_t r = _stash_events_record(h, &s->events, &st->stream, 1,
                                             epoch_marker((uint32_t)k, st->epoch_next));
     if (r != STASH_OK) return r;
@@ -402,10 +427,10 @@ static sb_block* highest_fit(sb_arena* a, size_t size, uint32_t slot) {
 static stash_status_t release_cache(stash_heap_t* h);
 static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from);
 
-/* Turn replay's hint for a large request of `size` (one stream only): in a repeating turn,
- * the arena offset its counterpart got one turn earlier. */
+/* Turn replay's hint for a large request of `size`: in a repeating turn, the arena offset its
+ * counterpart got one turn earlier. */
 static bool turn_hint(const sb_state* s, size_t size, uint64_t* off) {
-  return s->nstreams <= 1 && _stash_loop_hint(&s->loop, size, off);
+  return _stash_loop_hint(&s->loop, size, off);
 }
 
 /* Turn replay for a block whose counterpart was stitched: the same range, number `id`, if it
@@ -490,7 +515,7 @@ static sb_block* ranged_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t 
  * block where the rest of its turn will want to go would move them too, turn after turn. */
 static sb_block* clear_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
   size_t n = 0;
-  if (s->nstreams > 1 || !_stash_loop_forecast(&s->loop, size, s->forecast, kForecastMax, &n))
+  if (!_stash_loop_forecast(&s->loop, size, s->forecast, kForecastMax, &n))
     return NULL;
   sb_fits it = fits_begin(a, size, slot);
   sb_block* b;
@@ -687,9 +712,10 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     return _stash_report_oom(h, orig, stream, NULL, largest_free(s), NULL);
   sb_block* b = NULL;
   s->nallocs++;
+  s->streams[slot].last_alloc = s->nallocs;
   if (size <= kSmallLimit && s->ncached) { /* the fast path: a cached block of this size */
     sb_block** head = &s->cache[size / kMinBlock - 1];
-    if (*head && tag_ok(*head, slot)) {
+    if (*head && cached_ok(s, *head, slot)) {
       b = *head;
       *head = b->tnext;
       s->ncached--;
@@ -734,14 +760,13 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   stash_fate_class_t fate = STASH_FATE_UNKNOWN;
   if (size > kSmallLimit) {
     fate = _stash_fate_predict(&s->fate, _stash_loop_context(&s->loop), size, live);
-    if (s->nstreams > 1) fate = STASH_FATE_UNKNOWN;
     /* The second step of a run whose logits are huge only for it holds more than the first
      * (the optimizer's state) and would grow as it goes, new memory coming above the blocks
      * placed at the top and at the bottom alike: grow the large arena at once to what it is
      * predicted to hold, so that its blocks fit apart (docs/policy-stash.md, "Fates while the
      * arena grows"). */
     int64_t grow_to = _stash_fate_take_growth(&s->fate);
-    if (grow_to > (int64_t)h->total_reserved && s->nstreams <= 1 && !s->tight &&
+    if (grow_to > (int64_t)h->total_reserved && !s->tight &&
         !piece_limit(h)) {
       size_t pages = ((size_t)grow_to - h->total_reserved + G - 1) / G;
       st = _stash_sb_arena_grow(h, &s->arenas[1], pages, slot, true, kLargePieceMax, false);
@@ -837,7 +862,7 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
     b->uses = NULL;
     b->nuses = b->cap_uses = 0;
   }
-  if (b->arena->small && s->nstreams <= 1 && s->cached_bytes + b->size <= kCacheMaxBytes &&
+  if (b->arena->small && s->cached_bytes + b->size <= kCacheMaxBytes &&
       !ranged_at(h, b->arena, b->ptr, b->size)) {
     /* kept for the next request of its size (not on a page a stitched range maps: the range
      * needs it free) */

@@ -243,7 +243,10 @@ struct sb_stitch_s {
 typedef struct sb_stream_s {
   void* stream;
   uint64_t epoch_next; /* the epoch given to blocks freed now */
+  uint64_t epoch_done; /* its latest epoch known to be over (cached blocks: usable by all) */
   bool dirty;          /* blocks freed since the last event on this stream */
+  uint32_t allocs;     /* its allocations since it last closed its own epoch */
+  uint64_t last_alloc; /* sb_state.nallocs at its last allocation */
   sb_block* thead;     /* free blocks tagged with this slot */
 } sb_stream;
 

@@ -140,11 +140,13 @@ stash_status_t _stash_sb_check(stash_heap_t* h) {
     for (sb_block* b = s->cache[i]; b; b = b->tnext) {
       if (b->kind != K_CACHED || b->size != (i + 1) * kMinBlock || !b->arena || !b->arena->small)
         FAIL("a bad block in the cache of %zu-byte blocks", (i + 1) * kMinBlock);
+      if (b->tag < 1 || b->tag > s->nstreams || b->epoch > s->streams[b->tag].epoch_next)
+        FAIL("a cached block of %zu bytes has a bad stream tag or epoch", b->size);
       if (++ncached > s->ncached) FAIL("the cache holds more blocks than it counts");
     }
   }
   if (ncached != s->ncached) FAIL("the cache counts %zu blocks, holds %zu", s->ncached, ncached);
-  if (ncached && s->nstreams > 1) FAIL("blocks cached with several streams");
+
   for (int i = 0; i < 2; i++) {
     sb_arena* a = &s->arenas[i];
     int t = a->small ? STASH_STAT_SMALL : STASH_STAT_LARGE;

@@ -87,45 +87,6 @@ TEST(a_step_learns_what_the_last_one_did_around_its_huge_requests) {
   _stash_fate_free(&F);
 }
 
-TEST(without_answers_steps_are_followed_alike_and_no_table_is_kept) {
-  /* policy:stash stops the answers when a second stream appears: from then on every
-   * prediction is STASH_FATE_UNKNOWN and no key is recorded (no host memory), while the steps
-   * end where they would have - the clock counts the same allocations and frees - since
-   * policy:stash still asks whether one has (_stash_fate_stepped). The same three steps with
-   * and without answers: */
-  stash_fate_t A, B;
-  _stash_fate_init(&A);
-  _stash_fate_init(&B);
-  stash_fate_class_t ca[7], cb[7];
-  model_step(&A, ca);
-  model_step(&B, cb);
-  _stash_fate_stop_answers(&B);
-  CHECK(B.step[0].slots == NULL && B.step[1].slots == NULL);
-  for (int s = 0; s < 3; s++) {
-    next_step(&A);
-    next_step(&B);
-    model_step(&A, ca);
-    model_step(&B, cb);
-    CHECK_EQ(ca[2], STASH_FATE_AROUND_HUGE); /* with answers, as in the test above */
-    for (int k = 1; k <= 6; k++) CHECK_EQ(cb[k], STASH_FATE_UNKNOWN);
-    CHECK_EQ(B.nsteps, A.nsteps);
-    CHECK_EQ(B.clock, A.clock);
-    CHECK_EQ(B.between, A.between);
-    CHECK(B.step[0].slots == NULL && B.step[1].slots == NULL);
-    CHECK_EQ(B.step[B.nsteps & 1].first_huge, A.step[A.nsteps & 1].first_huge);
-  }
-  CHECK(_stash_fate_stepped(&B));
-  /* a recorded block is still reported, for the clock: its free counts */
-  block_t b = alloc(&B, 1, 10 * MiB, 300 * (int64_t)MiB, NULL);
-  CHECK(b.recorded);
-  uint64_t clock = B.clock;
-  freed(&B, b);
-  CHECK_EQ(B.clock, clock + 1);
-  CHECK(B.step[0].slots == NULL && B.step[1].slots == NULL);
-  _stash_fate_free(&A);
-  _stash_fate_free(&B);
-}
-
 /* A model step, with (extra) one more block before it, of a key no other step has (context 9),
  * that lives past the step's last huge request - freed at its end (free_it), or left live;
  * then the step's end. */
@@ -408,7 +369,6 @@ int main(void) {
   RUN(a_step_learns_what_the_last_one_did_around_its_huge_requests);
   RUN(a_step_without_a_huge_request_teaches_nothing);
   RUN(a_step_answers_from_its_own_table_not_one_of_two_steps_before);
-  RUN(without_answers_steps_are_followed_alike_and_no_table_is_kept);
   RUN(steps_end_under_a_quarter_of_the_peak_and_begin_past_half);
   RUN(a_key_answers_with_its_latest_allocation_and_the_first_free_after_it);
   RUN(allocations_after_the_first_huge_request_are_not_recorded);

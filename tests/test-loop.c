@@ -49,35 +49,6 @@ TEST(hints_name_the_previous_turn_once_its_events_repeat) {
   _stash_loop_free(&L);
 }
 
-TEST(a_stopped_detector_records_nothing_and_keeps_its_context) {
-  /* policy:stash stops it when a second stream appears (turn replay follows one stream): its
-   * records go, later events are not recorded (no host memory, no hint), and the context
-   * fate.c keys its steps with stays the last one - not STASH_LOOP_NONE, which would stop
-   * fate.c from following the steps. */
-  stash_loop_t L;
-  _stash_loop_init(&L);
-  int hints = 0;
-  for (int t = 0; t < 3; t++) turn(&L, (uint64_t)t * 1000 * MiB, (uint64_t)(t - 1) * 1000 * MiB, &hints);
-  CHECK_EQ(hints, 6);
-  uint64_t ctx = _stash_loop_context(&L);
-  CHECK(ctx != STASH_LOOP_NONE);
-  _stash_loop_stop(&L);
-  CHECK(L.ev == NULL && L.table == NULL && L.last_of == NULL);
-  CHECK_EQ(_stash_loop_context(&L), ctx);
-  for (int t = 3; t < 6; t++) {
-    CHECK_EQ(turn(&L, (uint64_t)t * 1000 * MiB, (uint64_t)(t - 1) * 1000 * MiB, &hints), 0);
-    CHECK_EQ(hints, 0);
-  }
-  CHECK_EQ(_stash_loop_alloc(&L, 10 * MiB, 0), STASH_LOOP_NONE);
-  CHECK(L.ev == NULL && L.n == 0);
-  CHECK_EQ(_stash_loop_context(&L), ctx);
-  uint64_t fc[4][2];
-  size_t n = 9;
-  CHECK(!_stash_loop_forecast(&L, kSizes[0], fc, 4, &n));
-  CHECK_EQ(n, 0);
-  _stash_loop_free(&L);
-}
-
 TEST(a_repeating_layer_that_keeps_bytes_is_not_a_turn) {
   /* a forward pass: each layer keeps a 10 MiB activation and frees two temporaries - the
    * codes repeat every 5 events, but live bytes grow */
@@ -349,7 +320,6 @@ TEST(history_is_trimmed_and_hints_stay_right) {
 int main(void) {
   RUN(hints_name_the_previous_turn_once_its_events_repeat);
   RUN(a_repeating_layer_that_keeps_bytes_is_not_a_turn);
-  RUN(a_stopped_detector_records_nothing_and_keeps_its_context);
   RUN(a_change_ends_the_hints_until_the_turn_repeats_again);
   RUN(allocations_placed_unknown_get_no_hint);
   RUN(a_place_outside_the_arena_is_hinted_and_not_forecast);

@@ -264,7 +264,7 @@ TEST(fast_path_caches_at_most_1_MiB_and_merges_before_growing) {
   fx_close(&f);
 }
 
-TEST(fast_path_ends_with_a_second_stream) {
+TEST(fast_path_serves_the_stream_that_freed_a_block_and_others_after_its_epoch) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* keep = fx_alloc(&f, 4096, S1);
@@ -273,13 +273,16 @@ TEST(fast_path_ends_with_a_second_stream) {
   fx_free(&f, a); /* cached, S1's */
   void* b = fx_alloc(&f, 4096, S2); /* S1's work may still use a: not a */
   CHECK(U(b) != U(a));
-  CHECK_OK(stash_heap_check(f.heap)); /* the cache was merged when S2 came */
+  CHECK_OK(stash_heap_check(f.heap)); /* a stays cached, S1's */
   stash_sim_complete(f.sim, S1);
   void* c = fx_alloc(&f, 4096, S2); /* the event on S1 completed: a serves S2 */
   CHECK_EQ(U(c), U(a));
-  fx_free(&f, c);
-  void* d = fx_alloc(&f, 4096, S2); /* two streams: freed blocks are merged, none cached */
+  fx_free(&f, c); /* cached, S2's */
+  void* e = fx_alloc(&f, 4096, S1); /* S2's work may still use it: not a */
+  CHECK(U(e) != U(a));
+  void* d = fx_alloc(&f, 4096, S2); /* S2's own: the fast path */
   CHECK_EQ(U(d), U(a));
+  fx_free(&f, e);
   CHECK_OK(stash_heap_check(f.heap));
   fx_free(&f, b);
   fx_free(&f, d);
@@ -1478,9 +1481,12 @@ TEST(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once
   fx_close(&f);
 }
 
-/* With a second stream the fates are off, as turn replay is (stream tags decide which free
- * block a stream may take): the later steps grow as they would without them, by 76 MiB. */
-TEST(a_second_stream_turns_the_fates_off) {
+/* A program that has used a second stream (a side stream for its inputs) keeps the fates, as
+ * it keeps turn replay (stream tags decide which free block a stream may take): the second
+ * step grows not at all, as with one stream (until the forty-fifth session both were off from
+ * the second stream on, and the step grew by 76 MiB; on 405 traces with a second stream used
+ * once at their start, 297 met issue 4's targets then and 366 now, of 367 with one). */
+TEST(a_second_stream_keeps_the_fates) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
   void* keep = not_loading(&f);
@@ -1488,10 +1494,40 @@ TEST(a_second_stream_turns_the_fates_off) {
   int64_t r1 = logits_step(&f);
   void* state = fx_alloc(&f, 100 * MiB, S1);
   int64_t r2 = logits_step(&f);
-  CHECK_EQ(r2 - r1, 76 * (int64_t)MiB);
+  CHECK_EQ(r2, r1);
   fx_free(&f, state);
   fx_free(&f, keep);
   fx_close(&f);
+}
+
+/* A stream that frees closes its own epoch (an event on it) every 16 of its allocations while
+ * another stream has allocated lately, so that a side stream's occasional request finds what
+ * the main stream freed usable: here S2's 64 KiB request takes S1's freed memory instead of
+ * growing the small arena. With one stream no event is ever recorded. */
+TEST(a_stream_closes_its_own_epoch_while_a_side_stream_allocates) {
+  for (int side = 0; side < 2; side++) {
+    fixture_t f;
+    if (!fx_open(&f, "policy:stash", 0)) return;
+    void* keep = fx_alloc(&f, 4096, S1);
+    if (side) fx_free(&f, fx_alloc(&f, 4096, S2)); /* a side stream, lately */
+    void* v[40];
+    for (int i = 0; i < 40; i++) v[i] = fx_alloc(&f, 96 * 1024, S1); /* 3.75 MiB: grows */
+    uint64_t events = stash_sim_calls(f.sim, STASH_CALL_event_record); /* S2's epoch: closed */
+    for (int i = 0; i < 40; i++) fx_free(&f, v[i]); /* freed: S1's (merged with the free end,
+                                                       * which takes S1's tag too) */
+    int64_t small = STAT(&f, reserved_bytes, SMALL, current);
+    for (int i = 0; i < 16; i++) fx_free(&f, fx_alloc(&f, 512, S1)); /* the 16th closes */
+    stash_sim_complete(f.sim, S1);
+    CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_record) - events, (uint64_t)side);
+    if (side) {
+      void* x = fx_alloc(&f, 64 * 1024, S2); /* S1's epoch is over: its memory serves S2 */
+      CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), small);
+      CHECK_OK(stash_heap_check(f.heap));
+      fx_free(&f, x);
+    }
+    fx_free(&f, keep);
+    fx_close(&f);
+  }
 }
 
 /* A growth asked for when the arena holds at least 64 MiB free, twice the request more than
@@ -2113,12 +2149,13 @@ TEST(stitching_respects_streams) {
   stash_sim_complete(f.sim, S1);
   fx_free(&f, fx_alloc(&f, 1000, S2)); /* ... which has completed: C is any stream's */
   fx_free(&f, p[0]); /* A: S1's for now */
-  int64_t small = STAT(&f, reserved_bytes, SMALL, current); /* all free, any stream's */
-  CHECK(small > 0);
-  /* stitched from C, the small arena's free memory and new memory; not from A */
+  /* the small arena's one allocation holds the block S2 freed last, kept for its size (the
+   * fast path): not wholly free */
+  CHECK_EQ(STAT(&f, reserved_bytes, SMALL, current), 2 * (int64_t)MiB);
+  /* stitched from C and new memory; not from A */
   void* x = fx_alloc(&f, 300 * MiB, S2);
   CHECK(find(&f, x).in_stitched);
-  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB - small);
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), 450 * (int64_t)MiB);
   CHECK(phys_overlap(&f, x, 300 * MiB, p[2], 100 * MiB));
   CHECK(!phys_overlap(&f, x, 300 * MiB, p[0], 100 * MiB));
   /* freed on S2 with a use on S1 recorded: pending, its memory still lent */
@@ -2949,7 +2986,7 @@ int main(void) {
   RUN(one_stream_needs_no_event);
   RUN(fast_path_serves_the_same_size_from_the_cache);
   RUN(fast_path_caches_at_most_1_MiB_and_merges_before_growing);
-  RUN(fast_path_ends_with_a_second_stream);
+  RUN(fast_path_serves_the_stream_that_freed_a_block_and_others_after_its_epoch);
   RUN(other_stream_waits_for_an_event);
   RUN(record_stream_holds_the_block);
   RUN(a_capture_records_and_queries_no_event);
@@ -3009,7 +3046,8 @@ int main(void) {
   RUN(empty_cache_unmaps_free_stitched_ranges);
   RUN(repeated_steps_make_no_provider_call);
   RUN(blocks_freed_around_the_logits_gather_at_the_top_in_the_next_step);
-  RUN(a_second_stream_turns_the_fates_off);
+  RUN(a_second_stream_keeps_the_fates);
+  RUN(a_stream_closes_its_own_epoch_while_a_side_stream_allocates);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
   RUN(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once);
   RUN(a_mid_sized_request_takes_new_memory_in_a_range_once_a_step_has_ended);

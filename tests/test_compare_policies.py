@@ -6,16 +6,19 @@ session's, and physical allocations of up to 256 MiB: kLargeGrowBytes = 20 MiB, 
 peaks are the scoreboard's. With the coarser constants, reserved is higher on
 bert_varlen_train (by 98 MiB: 97.56% utilization, so it loses its targets) and resnet50_train
 (44 MiB: 12.6 MB over expandable segments, so it loses them too; 8 MiB before the thirtieth
-session's first-pass rule), the same on gpt2_train and lower on gpt2_sidestream_train (6 MiB),
-at 0.69x the modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
-"Eleventh session"). --families gives the README's table by family for each setting. Bad
+session's first-pass rule), the same on gpt2_train and gpt2_sidestream_train, at 0.71x the
+modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
+"Eleventh session"). (gpt2_sidestream_train, whose inputs come on a side stream, has the
+figures of gpt2_train since the forty-fifth session let turn replay and the step fates act
+with several streams.) --families gives the README's table by family for each setting. Bad
 settings and sets end with an error; so does a constant the
 experiment build is given directly that is not a positive integer (it aborts, naming it).
-The rule switches (kUseFates=2: no step fates, gpt2_train 12 MiB lower; kUseQuiet=2: no first
-fit in the quiet phase, gpt2_sidestream_train 162 MiB higher) and --arm, which lets the
-settings act in one phase of each run only: in the first pass the coarser constants give
-bert_varlen_train's old peak and resnet50_train 18 MiB of its 44 MiB rise, the two switches
-nothing; from the first drop on, the constants nothing and the switches all of their change.
+The rule switches (kUseFates=2: no step fates, gpt2_train 12 MiB lower and gpt2_sidestream_train
+6 MiB; kUseQuiet=2: no first fit in the quiet phase, no peak moves - before the forty-fifth
+session gpt2_sidestream_train's rose by 162 MiB) and --arm, which lets the settings act in one
+phase of each run only: in the first pass the coarser constants give bert_varlen_train's old
+peak and resnet50_train 18 MiB of its 44 MiB rise, the step fates' switch nothing; from the
+first drop on, the constants nothing and the switch all of its change.
 
   test_compare_policies.py TOOL STASH_REPLAY KNOB_BUILD_DIR
 """
@@ -26,12 +29,12 @@ import sys
 
 MiB = 1 << 20
 TODAY = {"resnet50_train.csv.gz": 6083837952, "gpt2_train.csv.gz": 13744734208,
-         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13738442752}
+         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13744734208}
 OLD = {"resnet50_train.csv.gz": 6129975296, "gpt2_train.csv.gz": 13744734208,
-       "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13732151296}
+       "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13744734208}
 FIRST_PASS_OLD = dict(OLD, **{"resnet50_train.csv.gz": 6102712320})
-NO_FATES = 13732151296  # gpt2_train with kUseFates=2
-NO_QUIET = 13908312064  # gpt2_sidestream_train with kUseQuiet=2
+NO_FATES = dict(TODAY, **{"gpt2_train.csv.gz": 13732151296,  # with kUseFates=2
+                          "gpt2_sidestream_train.csv.gz": 13738442752})
 
 
 def main():
@@ -52,20 +55,19 @@ def main():
         out = json.loads(p.stdout)
         a, b, fates, quiet = out["settings"]
         check("no phase", out["arm"], None)
-        # the rule switches: without the step fates gpt2_train's peak moves; without the quiet
-        # phase's first fit, gpt2_sidestream_train's
-        check("kUseFates=2", fates["peaks"], dict(TODAY, **{"gpt2_train.csv.gz": NO_FATES}))
-        check("kUseQuiet=2", quiet["peaks"],
-              dict(TODAY, **{"gpt2_sidestream_train.csv.gz": NO_QUIET}))
+        # the rule switches: without the step fates the GPT-2 traces' peaks move; without the
+        # quiet phase's first fit, none
+        check("kUseFates=2", fates["peaks"], NO_FATES)
+        check("kUseQuiet=2", quiet["peaks"], TODAY)
         check("today's peaks", a["peaks"], TODAY)
         check("the old constants' peaks", b["peaks"], OLD)
         check("all three targets, today", a["all_three"], 4)
         check("all three targets, old constants", b["all_three"], 2)
         c = b["against_first"]
-        check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (1, 1, 2))
+        check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (0, 2, 2))
         check("largest rise", c["peak_delta_max"], 98 * MiB)
-        check("largest fall", c["peak_delta_min"], -6 * MiB)
-        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.69)
+        check("largest fall", c["peak_delta_min"], 0)
+        check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.71)
         check("flips", c["flips"], [{"trace": "resnet50_train.csv.gz", "now": False},
                                    {"trace": "bert_varlen_train.csv.gz", "now": False}])
         check("passing under either", len(out["passing_under_any"]), 4)
@@ -94,11 +96,10 @@ def main():
               a["per_trace"]["gpt2_train.csv.gz"]["second_half_calls"], 0)
     # --arm: the settings act in one phase of each run. The coarser growth constants act in the
     # first pass (before live bytes first halve) and, on resnet50_train, after it too; the
-    # step fates and the quiet phase act only after it.
+    # step fates only after it.
     for arm, want_old, want_fates, want_quiet in (
             ("first-pass", FIRST_PASS_OLD, TODAY, TODAY),
-            ("drop", TODAY, dict(TODAY, **{"gpt2_train.csv.gz": NO_FATES}),
-             dict(TODAY, **{"gpt2_sidestream_train.csv.gz": NO_QUIET}))):
+            ("drop", TODAY, NO_FATES, TODAY)):
         p = subprocess.run([sys.executable, tool, "--sets", "shared", "--replay", replay,
                             "--knob-build", knobs, "--json", "--arm", arm, "defaults", old,
                             "kUseFates=2", "kUseQuiet=2"], capture_output=True, text=True)
