@@ -926,9 +926,9 @@ static stash_status_t sb_record_stream(stash_heap_t* h, uint64_t ptr, void* stre
 static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from) {
   sb_state* s = S(h);
   h->stats.num_sync_all_streams++;
-  cache_flush(s);
   stash_status_t st = _stash_events_poll(h, &s->events, true, event_done);
   if (st != STASH_OK) return st;
+  cache_flush(s); /* after the poll: a free whose events completed there may be cached */
   /* Blocks still tagged were freed on their stream after its last completed epoch: wait
    * for that stream (unmapping does not wait for the GPU), then they are free for all. */
   stash_status_t first = STASH_OK;

@@ -291,6 +291,24 @@ TEST(fast_path_serves_the_stream_that_freed_a_block_and_others_after_its_epoch) 
   fx_close(&f);
 }
 
+/* A small block used on a second stream and freed waits for that stream's event; when
+ * empty_cache finds the event complete, the block's free completes there - and would be kept
+ * for its size (the fast path) after the cache was merged, holding its page: it is merged
+ * too, and everything goes back. */
+TEST(empty_cache_gives_back_a_small_block_whose_free_completes_in_it) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* x = fx_alloc(&f, 4096, S1);
+  CHECK_OK(stash_heap_record_stream(f.heap, x, S2));
+  fx_free(&f, x); /* pending: S2's event */
+  stash_sim_complete(f.sim, S2);
+  stash_sim_complete(f.sim, S1);
+  CHECK_OK(stash_heap_empty_cache(f.heap));
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), 0);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 TEST(other_stream_waits_for_an_event) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
@@ -2987,6 +3005,7 @@ int main(void) {
   RUN(fast_path_serves_the_same_size_from_the_cache);
   RUN(fast_path_caches_at_most_1_MiB_and_merges_before_growing);
   RUN(fast_path_serves_the_stream_that_freed_a_block_and_others_after_its_epoch);
+  RUN(empty_cache_gives_back_a_small_block_whose_free_completes_in_it);
   RUN(other_stream_waits_for_an_event);
   RUN(record_stream_holds_the_block);
   RUN(a_capture_records_and_queries_no_event);
