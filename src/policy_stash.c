@@ -236,10 +236,16 @@ static void knob_arm(const sb_state* s) {
 
 /* ---- Cached blocks (the fast path) -------------------------------------------------------- */
 
+/* Whether the epoch of cached block b's free is over on its stream (b->tag, never 0 for a
+ * cached block): every stream may use it. */
+static bool cached_epoch_over(const sb_state* s, const sb_block* b) {
+  return b->epoch <= s->streams[b->tag].epoch_done;
+}
+
 /* Whether stream slot `slot` may take cached block b: the stream that freed it, or any once
  * that stream's epoch of the free is over. */
 static bool cached_ok(const sb_state* s, const sb_block* b, uint32_t slot) {
-  return b->tag == slot || b->epoch <= s->streams[b->tag].epoch_done;
+  return b->tag == slot || cached_epoch_over(s, b);
 }
 
 /* Merge every cached block into its arena (untagged if its stream's epoch is over, else
@@ -251,7 +257,7 @@ static void cache_flush(sb_state* s) {
       sb_block* next = b->tnext;
       b->tnext = NULL;
       b->kind = K_FREE;
-      if (b->epoch <= s->streams[b->tag].epoch_done) b->tag = 0, b->epoch = 0;
+      if (cached_epoch_over(s, b)) b->tag = 0, b->epoch = 0;
       free_coalesce(s, b); /* merges only K_FREE neighbours: `next`, cached, stays */
       b = next;
     }
@@ -474,7 +480,7 @@ static sb_block* take_at(stash_heap_t* h, sb_arena* a, sb_block* fb, uint64_t at
 
 /* One attempt: a cached block, a stitched block, or a grown arena. */
 /* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
- * if that memory is free now (one stream): its place in the arena, or its stitched range.
+ * if that memory is free now for this stream: its place in the arena, or its stitched range.
  * NULL otherwise, or, with *st set, when the host is out of memory. */
 static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
                         stash_status_t* st) {
@@ -755,8 +761,7 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
     s->tight = true;
     if (first_drop && !h->capturing) (void)release_cache_keep(h, s->largest);
   }
-  /* what this request's counterpart did a step earlier (fate.c): one stream only, as turn
-   * replay */
+  /* what this request's counterpart did a step earlier (fate.c) */
   stash_fate_class_t fate = STASH_FATE_UNKNOWN;
   if (size > kSmallLimit) {
     fate = _stash_fate_predict(&s->fate, _stash_loop_context(&s->loop), size, live);

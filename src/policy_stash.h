@@ -144,8 +144,8 @@ typedef struct sb_stitch_s sb_stitch;
  * could not be undone): held, never handed out, retried by empty_cache.
  * K_CACHED: a freed block of the small arena kept out of the free sets for the next request
  * of exactly its size (the fast path: no search, no split, no merge), up to 1 MiB in all;
- * merged into the arena ("flushed") before the small arena would grow, by empty_cache, and
- * for good once a second stream appears (only a single stream's blocks are cached). */
+ * merged into the arena ("flushed") before the small arena would grow and by empty_cache. It
+ * keeps its stream's tag and epoch: it serves that stream, and any once the epoch is over. */
 /* K_VOID: a physical allocation of the arena that empty_cache gave back while blocks lived
  * on both sides of it: its addresses stay the arena's, with no memory behind them, out of the
  * free sets until the arena needs memory again (arena_take_back). */

@@ -146,7 +146,6 @@ stash_status_t _stash_sb_check(stash_heap_t* h) {
     }
   }
   if (ncached != s->ncached) FAIL("the cache counts %zu blocks, holds %zu", s->ncached, ncached);
-
   for (int i = 0; i < 2; i++) {
     sb_arena* a = &s->arenas[i];
     int t = a->small ? STASH_STAT_SMALL : STASH_STAT_LARGE;
