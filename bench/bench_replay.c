@@ -53,14 +53,22 @@ static double median(double* v, int n) {
  * the events a multi-stream trace records for cross-stream reuse complete (else memory a
  * stream freed would never serve the others, and every allocation would query an event that
  * never completes: a path no replay takes). That call is timed too (one lock, alike for every
- * configuration). */
-static double pass(stash_heap_t* h, stash_sim_t* sim, const trace_t* t, void** ptrs) {
+ * configuration). With `hash` (--digest): every address the heap returns is hashed into it
+ * (64-bit FNV-1a), and an allocation out of memory hashes as 0 - a decision too - instead of
+ * ending the pass. */
+static double pass(stash_heap_t* h, stash_sim_t* sim, const trace_t* t, void** ptrs,
+                   uint64_t* hash) {
   double t0 = now_ns();
   for (size_t i = 0; i < t->nevents; i++) {
     const trace_event_t* e = &t->events[i];
     void* stream = (void*)(uintptr_t)t->streams[e->stream];
     if (e->op == TRACE_ALLOC) {
-      if (stash_heap_alloc(h, e->size, stream, &ptrs[e->id]) != STASH_OK) return -1;
+      stash_status_t st = stash_heap_alloc(h, e->size, stream, &ptrs[e->id]);
+      if (st != STASH_OK && (!hash || st != STASH_ERR_OOM)) return -1;
+      if (hash) {
+        uint64_t a = st == STASH_OK ? (uint64_t)(uintptr_t)ptrs[e->id] : 0;
+        for (int b = 0; b < 8; b++) *hash = (*hash ^ ((a >> (8 * b)) & 0xff)) * 1099511628211ull;
+      }
     } else if (ptrs[e->id]) {
       stash_heap_free(h, ptrs[e->id]);
       ptrs[e->id] = NULL;
@@ -75,8 +83,7 @@ static double pass(stash_heap_t* h, stash_sim_t* sim, const trace_t* t, void** p
   return ns;
 }
 
-/* --digest: P passes over one heap; the FNV-1a hash of every address, in order (an allocation
- * that fails hashes as 0: out of memory is a decision too). */
+/* --digest: P passes over one heap; the hash of every address, in order (pass). */
 static int digest(const char* path, const trace_t* t, const char* conf_text, int passes,
                   void** ptrs) {
   stash_conf_t conf;
@@ -94,27 +101,9 @@ static int digest(const char* path, const trace_t* t, const char* conf_text, int
   }
   uint64_t hash = 14695981039346656037ull;
   for (int k = 0; k < passes; k++) {
-    for (size_t i = 0; i < t->nevents; i++) {
-      const trace_event_t* e = &t->events[i];
-      void* stream = (void*)(uintptr_t)t->streams[e->stream];
-      if (e->op == TRACE_ALLOC) {
-        stash_status_t st = stash_heap_alloc(h, e->size, stream, &ptrs[e->id]);
-        if (st != STASH_OK && st != STASH_ERR_OOM) {
-          fprintf(stderr, "%s: %s\n", path, stash_last_error());
-          return 2;
-        }
-        if (st != STASH_OK) ptrs[e->id] = NULL;
-        uint64_t a = (uint64_t)(uintptr_t)ptrs[e->id];
-        for (int b = 0; b < 8; b++) hash = (hash ^ ((a >> (8 * b)) & 0xff)) * 1099511628211ull;
-      } else if (ptrs[e->id]) {
-        stash_heap_free(h, ptrs[e->id]);
-        ptrs[e->id] = NULL;
-      }
-      if (t->nstreams > 1) stash_sim_complete_all(sim);
-    }
-    for (uint64_t i = 0; i < t->nallocs; i++) {
-      if (ptrs[i]) stash_heap_free(h, ptrs[i]);
-      ptrs[i] = NULL;
+    if (pass(h, sim, t, ptrs, &hash) < 0) {
+      fprintf(stderr, "%s: %s\n", path, stash_last_error());
+      return 2;
     }
   }
   stash_stats_t s = {.size = sizeof s};
@@ -181,9 +170,9 @@ int main(int argc, char** argv) {
         stash_heap_t* h;
         stash_sim_create(1, 0, &sim);
         stash_heap_create(&conf, stash_sim_provider(sim), 0, &h);
-        cold[r] = pass(h, sim, &t, ptrs);
-        warm[r] = pass(h, sim, &t, ptrs);
-        for (int k = 0; k < passes; k++) later[k] = pass(h, sim, &t, ptrs);
+        cold[r] = pass(h, sim, &t, ptrs, NULL);
+        warm[r] = pass(h, sim, &t, ptrs, NULL);
+        for (int k = 0; k < passes; k++) later[k] = pass(h, sim, &t, ptrs, NULL);
         steady[r] = median(later, passes);
         stash_heap_destroy(h);
         stash_sim_destroy(sim);
