@@ -14,7 +14,11 @@
  * another stream has allocated within the last kSelfWindow allocations - every kSelfEpoch of
  * its own allocations, so that what it frees becomes every stream's before a side stream
  * that allocates now and then asks for it (else each such request would find every freed
- * block still tagged, and grow). Up to 1 MiB of freed small blocks wait, unmerged, for a
+ * block still tagged, and grow). Free neighbours merge, the merged block keeping the stricter
+ * tag - but a block freed by a stream other than the lead (the one that has made the most
+ * allocations) stays apart from untagged memory until its epoch is over: merged, a side
+ * stream's small temporary would close a large free block to the main stream (tags_merge).
+ * Up to 1 MiB of freed small blocks wait, unmerged, for a
  * request of exactly their size: the fast path (K_CACHED below) - from the stream that freed
  * them, or from any once that stream's epoch is over.
  *
@@ -365,6 +369,20 @@ static stash_status_t close_epochs(stash_heap_t* h, uint32_t slot) {
     st->dirty = false;
   }
   return STASH_OK;
+}
+
+/* Stream slot `slot` has made more allocations than the lead: it leads now, and its free
+ * blocks merge with their untagged neighbours (tags_merge). */
+static void lead_change(sb_state* s, uint32_t slot) {
+  s->lead = slot;
+  for (sb_block *b = s->streams[slot].thead, *next; b; b = next) {
+    next = b->tnext; /* merged, b (or the neighbour it joins) goes to the list's head */
+    if ((b->prev && b->prev->kind == K_FREE && !b->prev->tag) ||
+        (b->next && b->next->kind == K_FREE && !b->next->tag)) {
+      free_remove(s, b);
+      free_coalesce(s, b);
+    }
+  }
 }
 
 /* ---- Finding blocks ----------------------------------------------------------------------- */
@@ -719,6 +737,8 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   sb_block* b = NULL;
   s->nallocs++;
   s->streams[slot].last_alloc = s->nallocs;
+  if (++s->streams[slot].nallocs > s->streams[s->lead].nallocs && slot != s->lead)
+    lead_change(s, slot);
   if (size <= kSmallLimit && s->ncached) { /* the fast path: a cached block of this size */
     sb_block** head = &s->cache[size / kMinBlock - 1];
     if (*head && cached_ok(s, *head, slot)) {

@@ -247,6 +247,7 @@ typedef struct sb_stream_s {
   bool dirty;          /* blocks freed since the last event on this stream */
   uint32_t allocs;     /* its allocations since it last closed its own epoch */
   uint64_t last_alloc; /* sb_state.nallocs at its last allocation */
+  uint64_t nallocs;    /* its allocations so far */
   sb_block* thead;     /* free blocks tagged with this slot */
 } sb_stream;
 
@@ -254,6 +255,7 @@ typedef struct sb_state_s {
   sb_arena arenas[2];  /* [0] small, [1] large */
   sb_stream* streams;  /* slots 1..nstreams (0 unused) */
   size_t nstreams, cap_streams;
+  uint32_t lead;       /* the slot that has made the most allocations (0: none yet) */
   sb_stitch* stitches;
   uint32_t stitch_ids; /* ranges numbered so far */
   uint64_t stitch_va, stitch_va_end;  /* bump allocation of stitched ranges */

@@ -151,9 +151,12 @@ keep:
   b->size = pages * G;
   b->tag = 0;
   b->epoch = 0;
-  if (a->last && a->last->kind == K_FREE && !tag_ok(a->last, slot)) {
+  if (a->last && a->last->kind == K_FREE &&
+      (!tag_ok(a->last, slot) || !tags_merge(s, 0, a->last->tag))) {
     /* The free end belongs to another stream for now: keep the new memory apart from it
-     * (merged, it would take that stream's tag) by giving it to `slot`, for now. */
+     * (merged, it would take that stream's tag) by giving it to `slot`, for now. Or it is
+     * slot's own, and slot does not lead: untagged, the new memory would stay apart from it
+     * (tags_merge); slot's, it joins it. */
     b->tag = slot;
     b->epoch = s->streams[slot].epoch_next;
     s->streams[slot].dirty = true;
@@ -357,7 +360,8 @@ stash_status_t _stash_sb_arena_take_back(stash_heap_t* h, sb_arena* a, size_t si
   size_t best_bytes = SIZE_MAX, bytes = 0;
   bool has_void = false;
   for (sb_block* b = a->first;; b = b->next) {
-    bool joins = b && (b->kind == K_VOID || (b->kind == K_FREE && tag_ok(b, slot)));
+    bool joins = b && (b->kind == K_VOID || (b->kind == K_FREE && tag_ok(b, slot) &&
+                                             tags_merge(S(h), 0, b->tag)));
     if (joins) {
       if (!run) run = b, bytes = 0, has_void = false;
       bytes += b->size;
@@ -383,7 +387,8 @@ stash_status_t _stash_sb_take_back_range(stash_heap_t* h, sb_arena* a, uint64_t 
   bool any = false;
   for (sb_block* c = b; c && c->ptr < at + size; c = c->next) {
     if (c->kind == K_VOID) any = true;
-    else if (c->kind != K_FREE || !tag_ok(c, slot)) return STASH_OK;
+    else if (c->kind != K_FREE || !tag_ok(c, slot) || !tags_merge(S(h), 0, c->tag))
+      return STASH_OK; /* (memory made again is untagged: it must merge with c) */
   }
   return any ? take_back_until(h, a, b, at + size) : STASH_OK;
 }

@@ -136,9 +136,13 @@ static inline void unlink_block(sb_block* b) {
   else b->arena->last = b->prev;
 }
 
-/* Tags may merge if equal or if one of them is 0 (usable by any stream): the merged block
- * keeps the stricter tag. */
-static inline bool tags_merge(uint32_t a, uint32_t b) { return a == b || a == 0 || b == 0; }
+/* Tags may merge if equal, or if one of them is 0 (usable by any stream) and the other the
+ * lead stream's (the one that has made the most allocations): the merged block keeps the
+ * stricter tag. A block another stream frees stays apart from its untagged neighbours until
+ * its epoch is over: merged, it would keep them from the lead stream until then. */
+static inline bool tags_merge(const sb_state* s, uint32_t a, uint32_t b) {
+  return a == b || (a == 0 && b == s->lead) || (b == 0 && a == s->lead);
+}
 
 /* Whether stream slot `slot` may use free block b now. */
 static inline bool tag_ok(const sb_block* b, uint32_t slot) {
@@ -154,13 +158,13 @@ static inline void free_coalesce(sb_state* s, sb_block* b) {
   uint32_t tag = b->tag;
   uint64_t epoch = b->epoch;
   sb_block* n = b->next;
-  bool mn = n && n->kind == K_FREE && tags_merge(tag, n->tag);
+  bool mn = n && n->kind == K_FREE && tags_merge(s, tag, n->tag);
   if (mn) {
     if (n->tag) tag = n->tag;
     if (n->epoch > epoch) epoch = n->epoch;
   }
   sb_block* p = b->prev;
-  bool mp = p && p->kind == K_FREE && tags_merge(tag, p->tag);
+  bool mp = p && p->kind == K_FREE && tags_merge(s, tag, p->tag);
   if (mp) {
     if (p->tag) tag = p->tag;
     if (p->epoch > epoch) epoch = p->epoch;

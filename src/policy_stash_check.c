@@ -196,7 +196,7 @@ stash_status_t _stash_sb_check(stash_heap_t* h) {
         free_sum += b->size;
         if (b->tag > s->nstreams) FAIL("a bad tag");
         if (free_containing(a, b->ptr, b->size) != b) FAIL("a free block is not in the address tree");
-        if (b->prev && b->prev->kind == K_FREE && tags_merge(b->tag, b->prev->tag))
+        if (b->prev && b->prev->kind == K_FREE && tags_merge(s, b->tag, b->prev->tag))
           FAIL("free neighbours not merged at 0x%" PRIx64, b->ptr);
       } else if (b->kind == K_VOID) {
         nvoid++; /* each checked above, against its allocation */
@@ -251,14 +251,19 @@ stash_status_t _stash_sb_check(stash_heap_t* h) {
           x->offset + u->size > x->lent_end)
         FAIL("a bad stitched block");
       if (!count_user(s, &n, STASH_STAT_LARGE, u, &live)) FAIL("a live block is not in the map");
-      /* all it lends lies in its phantoms */
+      /* all it lends lies in its phantoms (one per run of pages, or several side by side
+       * where the run's memory lay in several free blocks) */
       bool carved = true;
       FOR_LENT(s, x, {
-        bool found = false;
-        for (sb_block* b = run_arena->first; b && !found; b = b->next)
-          found = b->kind == K_PHANTOM && b->stitch == x && b->ptr <= run_at &&
-                  run_at + run_len <= b->ptr + b->size;
-        carved &= found;
+        sb_block* b = run_arena->first;
+        while (b && b->ptr + b->size <= run_at) b = b->next;
+        for (uint64_t at = run_at; at < run_at + run_len; b = b->next) {
+          if (!b || b->kind != K_PHANTOM || b->stitch != x || b->ptr > at) {
+            carved = false;
+            break;
+          }
+          at = b->ptr + b->size;
+        }
       });
       if (!carved) FAIL("lent memory is not carved out of the arena");
     }

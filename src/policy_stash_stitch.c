@@ -30,12 +30,24 @@
     i_ = j_;                                                                   \
   }
 
+/* The free blocks that [at, at + len) of arena a lies in, walked with `b` (the free block at
+ * `at` first; NULL where the memory is not free): one, or several side by side where a block
+ * another stream freed lies apart from its untagged neighbours (tags_merge). */
+#define FOR_FREE_IN(a, at, len, ...)                                                       \
+  for (uint64_t p_ = (at); p_ < (at) + (len);) {                                          \
+    sb_block* b = free_containing((a), p_, 1);                                            \
+    __VA_ARGS__;                                                                          \
+    if (!b) break;                                                                        \
+    p_ = b->ptr + b->size;                                                                \
+  }
+
 /* Whether all the memory st lends is free for stream slot `slot` now. */
 bool _stash_sb_stitch_available(stash_heap_t* h, const sb_stitch* st, uint32_t slot) {
   bool ok = true;
   FOR_LENT(S(h), st, {
-    sb_block* b = free_containing(run_arena, run_at, run_len);
-    if (!b || !tag_ok(b, slot)) ok = false;
+    FOR_FREE_IN(run_arena, run_at, run_len, {
+      if (!b || !tag_ok(b, slot)) ok = false;
+    });
   });
   return ok;
 }
@@ -76,7 +88,7 @@ static void stitch_free_run(stash_heap_t* h, const sb_stitch* st, uint32_t slot,
 
 static size_t stitch_runs(stash_heap_t* h, const sb_stitch* st) {
   size_t n = 0;
-  FOR_LENT(S(h), st, { (void)run_at; (void)run_len; n++; });
+  FOR_LENT(S(h), st, { FOR_FREE_IN(run_arena, run_at, run_len, { n++; }); });
   return n;
 }
 
@@ -99,14 +111,18 @@ stash_status_t _stash_sb_stitch_lend(stash_heap_t* h, sb_stitch* st) {
   size_t r = 0;
   st->phantoms = NULL;
   FOR_LENT(s, st, {
-    sb_block* b = free_containing(run_arena, run_at, run_len);
-    sb_block* ph = carve(s, b, run_at, run_len, meta[3 * r], meta[3 * r + 1]);
-    block_delete(s, meta[3 * r + 2]);
-    ph->kind = K_PHANTOM;
-    ph->stitch = st;
-    ph->tnext = st->phantoms;
-    st->phantoms = ph;
-    r++;
+    FOR_FREE_IN(run_arena, run_at, run_len, {
+      uint64_t end = b->ptr + b->size < run_at + run_len ? b->ptr + b->size : run_at + run_len;
+      uint64_t at = p_;
+      sb_block* ph = carve(s, b, at, end - at, meta[3 * r], meta[3 * r + 1]);
+      block_delete(s, meta[3 * r + 2]);
+      ph->kind = K_PHANTOM;
+      ph->stitch = st;
+      ph->tnext = st->phantoms;
+      st->phantoms = ph;
+      r++;
+      b = ph; /* the walk goes on after the piece carved */
+    });
   });
   if (meta != spare) free(meta);
   return STASH_OK;

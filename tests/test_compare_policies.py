@@ -6,19 +6,21 @@ session's, and physical allocations of up to 256 MiB: kLargeGrowBytes = 20 MiB, 
 peaks are the scoreboard's. With the coarser constants, reserved is higher on
 bert_varlen_train (by 98 MiB: 97.56% utilization, so it loses its targets) and resnet50_train
 (44 MiB: 12.6 MB over expandable segments, so it loses them too; 8 MiB before the thirtieth
-session's first-pass rule), the same on gpt2_train and gpt2_sidestream_train, at 0.71x the
-modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
-"Eleventh session"). (gpt2_sidestream_train, whose inputs come on a side stream, has the
-figures of gpt2_train since the forty-fifth session let turn replay and the step fates act
-with several streams.) --families gives the README's table by family for each setting. Bad
+session's first-pass rule) and gpt2_sidestream_train (26 MiB), the same on gpt2_train, at 0.71x
+the modelled driver time: the constants trade memory for driver calls (docs/policy-stash.md,
+"Eleventh session"). (gpt2_sidestream_train, whose inputs come on a side stream, had the
+figures of gpt2_train once the forty-fifth session let turn replay and the step fates act
+with several streams; since the forty-sixth, the 8 MiB its side stream frees each step stays
+apart from the main stream's free memory until its epoch is over, and it reserves 44 MiB
+less.) --families gives the README's table by family for each setting. Bad
 settings and sets end with an error; so does a constant the
 experiment build is given directly that is not a positive integer (it aborts, naming it).
 The rule switches (kUseFates=2: no step fates, gpt2_train 12 MiB lower and gpt2_sidestream_train
-6 MiB; kUseQuiet=2: no first fit in the quiet phase, no peak moves - before the forty-fifth
-session gpt2_sidestream_train's rose by 162 MiB) and --arm, which lets the settings act in one
+4 MiB; kUseQuiet=2: no first fit in the quiet phase, gpt2_sidestream_train 8 MiB higher - before
+the forty-fifth session 162 MiB) and --arm, which lets the settings act in one
 phase of each run only: in the first pass the coarser constants give bert_varlen_train's old
 peak and resnet50_train 18 MiB of its 44 MiB rise, the step fates' switch nothing; from the
-first drop on, the constants nothing and the switch all of its change.
+first drop on, the constants nothing and the switches all of their change.
 
   test_compare_policies.py TOOL STASH_REPLAY KNOB_BUILD_DIR
 """
@@ -29,12 +31,13 @@ import sys
 
 MiB = 1 << 20
 TODAY = {"resnet50_train.csv.gz": 6083837952, "gpt2_train.csv.gz": 13744734208,
-         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13744734208}
+         "bert_varlen_train.csv.gz": 12907970560, "gpt2_sidestream_train.csv.gz": 13698596864}
 OLD = {"resnet50_train.csv.gz": 6129975296, "gpt2_train.csv.gz": 13744734208,
-       "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13744734208}
+       "bert_varlen_train.csv.gz": 13010731008, "gpt2_sidestream_train.csv.gz": 13725859840}
 FIRST_PASS_OLD = dict(OLD, **{"resnet50_train.csv.gz": 6102712320})
 NO_FATES = dict(TODAY, **{"gpt2_train.csv.gz": 13732151296,  # with kUseFates=2
-                          "gpt2_sidestream_train.csv.gz": 13738442752})
+                          "gpt2_sidestream_train.csv.gz": 13694402560})
+QUIET = dict(TODAY, **{"gpt2_sidestream_train.csv.gz": 13706985472})  # with kUseQuiet=2
 
 
 def main():
@@ -56,15 +59,15 @@ def main():
         a, b, fates, quiet = out["settings"]
         check("no phase", out["arm"], None)
         # the rule switches: without the step fates the GPT-2 traces' peaks move; without the
-        # quiet phase's first fit, none
+        # quiet phase's first fit, gpt2_sidestream_train's
         check("kUseFates=2", fates["peaks"], NO_FATES)
-        check("kUseQuiet=2", quiet["peaks"], TODAY)
+        check("kUseQuiet=2", quiet["peaks"], QUIET)
         check("today's peaks", a["peaks"], TODAY)
         check("the old constants' peaks", b["peaks"], OLD)
         check("all three targets, today", a["all_three"], 4)
         check("all three targets, old constants", b["all_three"], 2)
         c = b["against_first"]
-        check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (0, 2, 2))
+        check("lower/same/higher", (c["peak_lower"], c["peak_same"], c["peak_higher"]), (0, 1, 3))
         check("largest rise", c["peak_delta_max"], 98 * MiB)
         check("largest fall", c["peak_delta_min"], 0)
         check("driver time, median ratio", round(c["driver_ratio_median"], 2), 0.71)
@@ -99,7 +102,7 @@ def main():
     # step fates only after it.
     for arm, want_old, want_fates, want_quiet in (
             ("first-pass", FIRST_PASS_OLD, TODAY, TODAY),
-            ("drop", TODAY, NO_FATES, TODAY)):
+            ("drop", TODAY, NO_FATES, QUIET)):
         p = subprocess.run([sys.executable, tool, "--sets", "shared", "--replay", replay,
                             "--knob-build", knobs, "--json", "--arm", arm, "defaults", old,
                             "kUseFates=2", "kUseQuiet=2"], capture_output=True, text=True)

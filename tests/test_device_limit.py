@@ -4,8 +4,9 @@ expandable segments (the smallest device it completes them on, found by tools/mi
 and pinned here). policy:stash completes them there - holding 90% of the device at the first
 drop of live bytes, it turns tight (twenty-second session) - and so does max_piece_size_mb:20;
 with a piece size set to its own largest, max_piece_size_mb:192 (which keeps it from turning
-tight), it runs out of memory: its pieces of up to 192 MiB leave free memory in allocations a
-live block still holds. ResNet-34 b112 completes on expandable segments' smallest device,
+tight), it runs out of memory on gpt2_train and bert_varlen_train: its pieces of up to 192 MiB
+leave free memory in allocations a live block still holds (gpt2_sidestream_train, which failed
+there too, completes since the forty-sixth session, needing 13064 MiB, not 13108). ResNet-34 b112 completes on expandable segments' smallest device,
 where stitching small requests at the limit made it fail. Then tools/min_capacity.py itself:
 the boundary it reports completes
 and 2 MiB less does not, larger devices complete too, the capacities it tries do not depend on
@@ -22,6 +23,8 @@ MiB = 1 << 20
 # trace: expandable segments' smallest device, MiB (tools/min_capacity.py --sets shared)
 EXPANDABLE_LIMIT = {"gpt2_train": 13070, "bert_varlen_train": 12196,
                     "gpt2_sidestream_train": 13072}
+# where policy:stash never turning tight runs out of memory on that device
+NEVER_TIGHT_FAILS = ("gpt2_train", "bert_varlen_train")
 
 
 def replay(exe, trace, conf, capacity):
@@ -88,7 +91,7 @@ def main():
         if got["policy:stash"] != 0:
             bad.append("%s: policy:stash (tight at the first drop) fails at %d MiB: %s" % (
                 name, limit, got))
-        if got["policy:stash,max_piece_size_mb:192"] == 0:
+        if got["policy:stash,max_piece_size_mb:192"] == 0 and name in NEVER_TIGHT_FAILS:
             bad.append("%s: policy:stash with 192 MiB pieces, never tight, completes at %d MiB: "
                        "the case for turning tight is gone - update the README" % (name, limit))
     # A large request under 48 MiB is stitched from whole free allocations that cover it

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""tools/side_streams.py: the rewriting itself, on a made-up log - which allocations each mode
+moves to the side stream, each with its free, and nothing else - and the tool on the shared
+set: the three one-stream traces (gpt2_sidestream_train, which has its own side stream, is
+left out) meet issue 4's targets with a side stream used once and with one making small
+requests every 2000 events, as with one stream; with requests of any size on it,
+resnet50_train reserves 120 MiB more (97.54%) and fails the memory target, from the start or
+from event 2000. Two builds side by side are compared; bad modes, sets and replays are
+refused.
+
+  test_side_streams.py TOOL STASH_REPLAY
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+MiB = 1 << 20
+
+
+def main():
+    tool, replay = sys.argv[1:3]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(tool)))
+    import side_streams as ss
+    failures = []
+
+    def check(what, got, want):
+        if got != want:
+            failures.append("%s: got %r, want %r" % (what, got, want))
+
+    # a log of 6000 events: allocations of 2 MiB (even events) freed at once (odd events),
+    # but every 10th allocation, of 512 KiB
+    lines = ["Thread,Time,Action,Pointer,Size,Stream"]
+    for k in range(3000):
+        size = 512 * 1024 if k % 10 == 0 else 2 * MiB
+        p = "0x%x" % (0x1000 + k)
+        lines.append("0,0,allocate,%s,%d,0x0" % (p, size))
+        lines.append("0,0,free,%s,%d,0x0" % (p, size))
+
+    def moved(mode):
+        out = ss.rewrite(lines, mode)
+        check("%s: the lines" % mode, len(out), len(lines))
+        check("%s: nothing but streams changes" % mode,
+              [ln.rsplit(",", 1)[0] for ln in out], [ln.rsplit(",", 1)[0] for ln in lines])
+        side = [i - 1 for i, ln in enumerate(out) if ln.endswith("," + ss.SIDE)]
+        allocs = [i for i in side if i % 2 == 0]
+        check("%s: each with its free" % mode, [i + 1 for i in allocs], [i for i in side if i % 2])
+        return allocs
+
+    check("first", moved("first"), [0])
+    # after events 2000 and 4000, the next request of at most 1 MiB: allocation 1000 and 2000
+    check("small", moved("small"), [0, 2000, 4000])
+    check("any", moved("any"), [0, 2000, 4000])
+    check("late", moved("late"), [2000, 4000])
+    lines2 = [lines[0]] + [ln.replace(",%d," % (512 * 1024), ",%d," % (3 * MiB)) for ln in lines[1:]]
+    check("small, none small", [i - 1 for i, ln in enumerate(ss.rewrite(lines2, "small"))
+                                if ln.endswith(ss.SIDE)], [0, 1])
+
+    with tempfile.TemporaryDirectory() as d:
+        p = subprocess.run([sys.executable, tool, "--sets", "shared", "--dir", d, "--json",
+                            replay, replay], capture_output=True, text=True)
+        check("exit status", p.returncode, 0)
+        if p.returncode == 0:
+            out = json.loads(p.stdout)
+            check("traces", out["traces"], 3)
+            for mode, want in (("first", 3), ("small", 3), ("any", 2), ("late", 2)):
+                a, b = out["modes"][mode]
+                check("%s: traces meeting all three" % mode, a["all_three"], want)
+                check("%s: the second build alike" % mode,
+                      (b["gains"], b["losses"], b["peak_lower"], b["peak_higher"]), ([], [], 0, 0))
+                check("%s: gpt2_sidestream_train left out" % mode,
+                      sorted(a["per_trace"]), ["bert_varlen_train.csv.gz", "gpt2_train.csv.gz",
+                                               "resnet50_train.csv.gz"])
+                r = a["per_trace"]["resnet50_train.csv.gz"]
+                check("%s: resnet50_train's memory target" % mode, r["memory"], want == 3)
+            check("any: resnet50_train's peak",
+                  out["modes"]["any"][0]["per_trace"]["resnet50_train.csv.gz"]["peak"], 6209667072)
+            check("the rewritten traces kept",
+                  sorted(os.listdir(d)), ["any", "first", "late", "small"])
+    for bad, message in ((["--modes", "often", replay], "unknown or unusable"),
+                         (["--sets", "more", replay], "unknown or unusable"),
+                         ([os.devnull], "not an executable stash-replay")):
+        q = subprocess.run([sys.executable, tool] + bad, capture_output=True, text=True)
+        if q.returncode == 0 or message not in q.stderr:
+            failures.append("%s: exit %d, stderr %r (want an error saying %r)" % (
+                bad, q.returncode, q.stderr.strip()[-200:], message))
+    for f in failures:
+        print("FAIL", f)
+    print("%d failure(s)" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
