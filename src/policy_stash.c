@@ -12,9 +12,9 @@
  * completed (a "tag" and an epoch per stream; no event at all with one stream). A stream's
  * epoch is closed (an event recorded on it) when another stream allocates, and - while
  * another stream has allocated within the last kSelfWindow allocations - every kSelfEpoch of
- * its own allocations, so that what it frees becomes every stream's before a side stream
- * that allocates now and then asks for it (else each such request would find every freed
- * block still tagged, and grow). Free neighbours merge, the merged block keeping the stricter
+ * its own allocations and every kFreeEpoch of its frees, so that what it frees becomes every
+ * stream's before a side stream that allocates now and then asks for it (else each such
+ * request would find every freed block still tagged, and grow). Free neighbours merge, the merged block keeping the stricter
  * tag - but a block freed by a stream other than the lead (the one that has made the most
  * allocations) stays apart from untagged memory until its epoch is over: merged, a side
  * stream's small temporary would close a large free block to the main stream (tags_merge).
@@ -346,27 +346,52 @@ static void event_done(stash_heap_t* h, void* item) {
  * with one stream); where a second stream is used once at the start, its events cost 5 of
  * them the driver target (362). A window of 4096 allocations keeps those 5 and loses side
  * streams that ask less often (one request of any size every 2000 events: 239, not 282).
- * docs/policy-stash.md, "Forty-fifth session". */
+ * docs/policy-stash.md, "Forty-fifth session".
+ * A stream also closes its own epoch every kFreeEpoch of its frees, under the same window (in
+ * sb_free, before the free: the block freed then waits for the next epoch). At a training
+ * step's end the main stream frees most of the step's memory and allocates little, and a side
+ * stream's request after that found it all still tagged. With tools/side_streams.py's sets
+ * (forty-sixth session): a small request every 2000 events 317 -> 353 of 405, one of any
+ * size 184 -> 265, the same from event 2000 on 183 -> 236; used once at the start, 362 -> 361
+ * (the events' driver time). Every 16 frees: 348 / 276 / 244 / 357; every 64: 353 / 256 /
+ * 233 / 361. */
 #define kSelfEpoch KNOB_I(kSelfEpoch, 16)
 #define kSelfWindow KNOB_I(kSelfWindow, 16384)
+#define kFreeEpoch KNOB_I(kFreeEpoch, 32)
+
+/* Whether a stream other than slot k has allocated within the last kSelfWindow allocations. */
+static bool others_active(const sb_state* s, size_t k) {
+  for (size_t j = 1; j <= s->nstreams; j++)
+    if (j != k && s->streams[j].last_alloc + (uint64_t)kSelfWindow >= s->nallocs) return true;
+  return false;
+}
+
+/* Close stream slot k's epoch: an event on it, after which its blocks freed so far are free
+ * for every stream. */
+static stash_status_t epoch_close(stash_heap_t* h, size_t k) {
+  sb_state* s = S(h);
+  sb_stream* st = &s->streams[k];
+  stash_status_t r = _stash_events_record(h, &s->events, &st->stream, 1,
+                                          epoch_marker((uint32_t)k, st->epoch_next));
+  if (r != STASH_OK) return r;
+  st->epoch_next++;
+  st->dirty = false;
+  st->frees = 0;
+  return STASH_OK;
+}
+
 static stash_status_t close_epochs(stash_heap_t* h, uint32_t slot) {
   sb_state* s = S(h);
   for (size_t k = 1; k <= s->nstreams; k++) {
     sb_stream* st = &s->streams[k];
     if (!st->dirty) continue;
     if (k == slot) {
-      if (s->nstreams < 2 || ++st->allocs < (uint32_t)kSelfEpoch) continue;
-      bool others = false;
-      for (size_t j = 1; j <= s->nstreams; j++)
-        others |= j != k && s->streams[j].last_alloc + (uint64_t)kSelfWindow >= s->nallocs;
-      if (!others) continue;
+      if (s->nstreams < 2 || ++st->allocs < (uint32_t)kSelfEpoch || !others_active(s, k))
+        continue;
       st->allocs = 0;
     }
-    stash_status_t r = _stash_events_record(h, &s->events, &st->stream, 1,
-                                            epoch_marker((uint32_t)k, st->epoch_next));
+    stash_status_t r = epoch_close(h, k);
     if (r != STASH_OK) return r;
-    st->epoch_next++;
-    st->dirty = false;
   }
   return STASH_OK;
 }
@@ -911,6 +936,19 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
                         "free: 0x%" PRIx64 " is not a live allocation of this heap (never "
                         "allocated here, already freed, or not the start of a block)",
                         ptr);
+  if (s->nstreams >= 2) { /* its stream's epoch, every kFreeEpoch frees (close_epochs) */
+    size_t k = 1;
+    while (s->streams[k].stream != b->stream) k++;
+    sb_stream* fs = &s->streams[k];
+    if (fs->dirty && ++fs->frees >= (uint32_t)kFreeEpoch && others_active(s, k)) {
+      stash_status_t st = epoch_close(h, k);
+      if (st != STASH_OK) {
+        fs->frees--;
+        (void)_stash_ptrmap_put(&s->allocated, ptr, b); /* cannot fail: its slot was just freed */
+        return st;
+      }
+    }
+  }
   if (b->nuses) {
     stash_status_t st = _stash_events_record(h, &s->events, b->uses, b->nuses, b);
     if (st != STASH_OK) {

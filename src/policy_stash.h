@@ -246,6 +246,7 @@ typedef struct sb_stream_s {
   uint64_t epoch_done; /* its latest epoch known to be over (cached blocks: usable by all) */
   bool dirty;          /* blocks freed since the last event on this stream */
   uint32_t allocs;     /* its allocations since it last closed its own epoch */
+  uint32_t frees;      /* its frees since its epoch last closed */
   uint64_t last_alloc; /* sb_state.nallocs at its last allocation */
   uint64_t nallocs;    /* its allocations so far */
   sb_block* thead;     /* free blocks tagged with this slot */
