@@ -14,11 +14,11 @@
  * another stream has allocated within the last kSelfWindow allocations - every kSelfEpoch of
  * its own allocations and every kFreeEpoch of its frees, so that what it frees becomes every
  * stream's before a side stream that allocates now and then asks for it (else each such
- * request would find every freed block still tagged, and grow). Free neighbours merge, the merged block keeping the stricter
- * tag - but a block freed by a stream other than the lead (the one that has made the most
- * allocations) stays apart from untagged memory until its epoch is over: merged, a side
- * stream's small temporary would close a large free block to the main stream (tags_merge).
- * Up to 1 MiB of freed small blocks wait, unmerged, for a
+ * request would find every freed block still tagged, and grow). Free neighbours merge, the
+ * merged block keeping the stricter tag - but a block freed by a stream other than the lead
+ * (the one that has made the most allocations) stays apart from untagged memory until its
+ * epoch is over: merged, a side stream's small temporary would close a large free block to
+ * the main stream (tags_merge). Up to 1 MiB of freed small blocks wait, unmerged, for a
  * request of exactly their size: the fast path (K_CACHED below) - from the stream that freed
  * them, or from any once that stream's epoch is over.
  *
@@ -938,7 +938,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
                         ptr);
   if (s->nstreams >= 2) { /* its stream's epoch, every kFreeEpoch frees (close_epochs) */
     size_t k = 1;
-    while (s->streams[k].stream != b->stream) k++;
+    while (k < s->nstreams && s->streams[k].stream != b->stream) k++; /* it has a slot */
     sb_stream* fs = &s->streams[k];
     if (fs->dirty && ++fs->frees >= (uint32_t)kFreeEpoch && others_active(s, k)) {
       stash_status_t st = epoch_close(h, k);
