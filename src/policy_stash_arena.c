@@ -360,8 +360,7 @@ stash_status_t _stash_sb_arena_take_back(stash_heap_t* h, sb_arena* a, size_t si
   size_t best_bytes = SIZE_MAX, bytes = 0;
   bool has_void = false;
   for (sb_block* b = a->first;; b = b->next) {
-    bool joins = b && (b->kind == K_VOID || (b->kind == K_FREE && tag_ok(b, slot) &&
-                                             tags_merge(S(h), 0, b->tag)));
+    bool joins = b && (b->kind == K_VOID || (b->kind == K_FREE && tag_ok(b, slot)));
     if (joins) {
       if (!run) run = b, bytes = 0, has_void = false;
       bytes += b->size;
@@ -387,8 +386,7 @@ stash_status_t _stash_sb_take_back_range(stash_heap_t* h, sb_arena* a, uint64_t 
   bool any = false;
   for (sb_block* c = b; c && c->ptr < at + size; c = c->next) {
     if (c->kind == K_VOID) any = true;
-    else if (c->kind != K_FREE || !tag_ok(c, slot) || !tags_merge(S(h), 0, c->tag))
-      return STASH_OK; /* (memory made again is untagged: it must merge with c) */
+    else if (c->kind != K_FREE || !tag_ok(c, slot)) return STASH_OK;
   }
   return any ? take_back_until(h, a, b, at + size) : STASH_OK;
 }
