@@ -396,8 +396,8 @@ static stash_status_t close_epochs(stash_heap_t* h, uint32_t slot) {
   return STASH_OK;
 }
 
-/* Stream slot `slot` has made more allocations than the lead: it leads now, and its free
- * blocks merge with their untagged neighbours (tags_merge). */
+/* Stream slot `slot` has made an eighth more allocations than the lead: it leads now, and its
+ * free blocks merge with their untagged neighbours (tags_merge). */
 static void lead_change(sb_state* s, uint32_t slot) {
   s->lead = slot;
   for (sb_block *b = s->streams[slot].thead, *next; b; b = next) {
@@ -762,8 +762,9 @@ static stash_status_t sb_alloc(stash_heap_t* h, size_t orig, void* stream, uint6
   sb_block* b = NULL;
   s->nallocs++;
   s->streams[slot].last_alloc = s->nallocs;
-  if (++s->streams[slot].nallocs > s->streams[s->lead].nallocs && slot != s->lead)
-    lead_change(s, slot);
+  uint64_t lead_n = s->streams[s->lead].nallocs;
+  if (++s->streams[slot].nallocs > lead_n + lead_n / 8 && slot != s->lead)
+    lead_change(s, slot); /* an eighth more: two streams alike do not swap at every turn */
   if (size <= kSmallLimit && s->ncached) { /* the fast path: a cached block of this size */
     sb_block** head = &s->cache[size / kMinBlock - 1];
     if (*head && cached_ok(s, *head, slot)) {

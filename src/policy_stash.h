@@ -256,7 +256,8 @@ typedef struct sb_state_s {
   sb_arena arenas[2];  /* [0] small, [1] large */
   sb_stream* streams;  /* slots 1..nstreams (0 unused) */
   size_t nstreams, cap_streams;
-  uint32_t lead;       /* the slot that has made the most allocations (0: none yet) */
+  uint32_t lead;       /* the slot that has made the most allocations (an eighth more than
+                        * the last lead's when it changed; 0: none yet) */
   sb_stitch* stitches;
   uint32_t stitch_ids; /* ranges numbered so far */
   uint64_t stitch_va, stitch_va_end;  /* bump allocation of stitched ranges */

@@ -1633,6 +1633,37 @@ TEST(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory) {
   fx_close(&f);
 }
 
+/* The lead changes only to a stream that has made an eighth more allocations than the lead
+ * (two streams that allocate alike do not swap at every turn, merging and parting their
+ * blocks): with S1's 8 allocations to S2's 9, S1 still leads, S2's freed 8 MiB stays apart
+ * from S1's freed 100 MiB beside it, and S1's next 100 MiB request takes that without
+ * growing (were S2 to lead, the two would merge into S2's block, and S1 would grow). */
+TEST(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);                           /* S1: 2 */
+  void* a = fx_alloc(&f, 100 * MiB, S1);                  /* S1: 3 */
+  void* x = fx_alloc(&f, 8 * MiB, S2);                    /* S2: 1 */
+  void* c = fx_alloc(&f, 100 * MiB, S1);                  /* S1: 4 */
+  CHECK_EQ(U(x), U(a) + 100 * MiB);
+  fx_free(&f, a);
+  fx_free(&f, fx_alloc(&f, 4096, S2)); /* S2: 2; closes S1's epoch */
+  stash_sim_complete(f.sim, S1);
+  for (int i = 0; i < 4; i++) fx_free(&f, fx_alloc(&f, 4096, S1)); /* S1: 8 */
+  for (int i = 0; i < 7; i++) fx_free(&f, fx_alloc(&f, 4096, S2)); /* S2: 9 */
+  stash_sim_complete(f.sim, S1);
+  fx_free(&f, x);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* a2 = fx_alloc(&f, 100 * MiB, S1);
+  CHECK_EQ(U(a2), U(a));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), before);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, a2);
+  fx_free(&f, c);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* A growth asked for when the arena holds at least 64 MiB free, twice the request more than
  * when the last growth was asked for, is no burst: memory was freed that the request cannot
  * use (scattered), and a burst's end would lie unused at the peak. It grows the exact need,
@@ -3154,6 +3185,7 @@ int main(void) {
   RUN(a_stream_closes_its_own_epoch_while_a_side_stream_allocates);
   RUN(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates);
   RUN(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory);
+  RUN(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
   RUN(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once);
   RUN(a_mid_sized_request_takes_new_memory_in_a_range_once_a_step_has_ended);
