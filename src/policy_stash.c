@@ -273,14 +273,16 @@ static void cache_flush(sb_state* s) {
 
 /* ---- Streams and their epochs --------------------------------------------------------------- */
 
+/* The slot of a stream that has allocated here; 0 for one that has not. */
+static uint32_t slot_of(const sb_state* s, void* stream) {
+  for (size_t k = 1; k <= s->nstreams; k++)
+    if (s->streams[k].stream == stream) return (uint32_t)k;
+  return 0;
+}
+
 static stash_status_t stream_slot(stash_heap_t* h, void* stream, uint32_t* out) {
   sb_state* s = S(h);
-  for (size_t k = 1; k <= s->nstreams; k++) {
-    if (s->streams[k].stream == stream) {
-      *out = (uint32_t)k;
-      return STASH_OK;
-    }
-  }
+  if ((*out = slot_of(s, stream)) != 0) return STASH_OK;
   size_t k = s->nstreams + 1;
   if (k >= s->cap_streams) {
     size_t cap = s->cap_streams ? s->cap_streams * 2 : 4;
@@ -890,10 +892,7 @@ static void user_free_complete(stash_heap_t* h, sb_block* b) {
   stat_dec(h->stats.active, small, 1);
   stat_dec(h->stats.active_bytes, small, b->size);
   stat_dec(h->stats.requested_bytes, small, b->requested);
-  uint32_t slot = 0;
-  for (size_t k = 1; k <= s->nstreams; k++) {
-    if (s->streams[k].stream == b->stream) slot = (uint32_t)k;
-  }
+  uint32_t slot = slot_of(s, b->stream);
   sb_stream* sst = &s->streams[slot];
   uint64_t epoch = sst->epoch_next;
   sst->dirty = true;
@@ -938,8 +937,7 @@ static stash_status_t sb_free(stash_heap_t* h, uint64_t ptr) {
                         "allocated here, already freed, or not the start of a block)",
                         ptr);
   if (s->nstreams >= 2) { /* its stream's epoch, every kFreeEpoch frees (close_epochs) */
-    size_t k = 1;
-    while (k < s->nstreams && s->streams[k].stream != b->stream) k++; /* it has a slot */
+    uint32_t k = slot_of(s, b->stream); /* never 0: its stream allocated it here */
     sb_stream* fs = &s->streams[k];
     if (fs->dirty && ++fs->frees >= (uint32_t)kFreeEpoch && others_active(s, k)) {
       stash_status_t st = epoch_close(h, k);
