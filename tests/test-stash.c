@@ -1592,6 +1592,22 @@ TEST(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates)
   fx_close(&f);
 }
 
+/* [a 100 MiB, S1's, freed and any stream's][x 8 MiB, S2's, live][c 100 MiB, S1's, live] after
+ * not_loading's *keep: S1 has made 4 allocations, S2 2 (the last closed S1's epoch, which
+ * is over). */
+static void side_block_beside_free_memory(fixture_t* f, void** keep, void** a, void** x,
+                                          void** c) {
+  *keep = not_loading(f);
+  *a = fx_alloc(f, 100 * MiB, S1);
+  *x = fx_alloc(f, 8 * MiB, S2);
+  *c = fx_alloc(f, 100 * MiB, S1);
+  CHECK_EQ(U(*x), U(*a) + 100 * MiB);
+  CHECK_EQ(U(*c), U(*x) + 8 * MiB);
+  fx_free(f, *a);
+  fx_free(f, fx_alloc(f, 4096, S2)); /* closes S1's epoch */
+  stash_sim_complete(f->sim, S1);
+}
+
 /* A block a side stream frees stays apart from its untagged free neighbours until its epoch
  * is over, while another stream leads (has made the most allocations): merged, the block
  * would take them into the side stream's tag, and the lead stream's next request would find
@@ -1601,15 +1617,8 @@ TEST(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates)
 TEST(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* keep = not_loading(&f);
-  void* a = fx_alloc(&f, 100 * MiB, S1);
-  void* x = fx_alloc(&f, 8 * MiB, S2);
-  void* c = fx_alloc(&f, 100 * MiB, S1);
-  CHECK_EQ(U(x), U(a) + 100 * MiB);
-  CHECK_EQ(U(c), U(x) + 8 * MiB);
-  fx_free(&f, a);
-  fx_free(&f, fx_alloc(&f, 4096, S2)); /* closes S1's epoch */
-  stash_sim_complete(f.sim, S1);
+  void *keep, *a, *x, *c;
+  side_block_beside_free_memory(&f, &keep, &a, &x, &c);
   fx_free(&f, x); /* S2's, beside S1's 100 MiB, now any stream's */
   CHECK_OK(stash_heap_check(f.heap));
   int64_t before = STAT(&f, reserved_bytes, LARGE, current);
@@ -1641,14 +1650,8 @@ TEST(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory) {
 TEST(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations) {
   fixture_t f;
   if (!fx_open(&f, "policy:stash", 0)) return;
-  void* keep = not_loading(&f);                           /* S1: 2 */
-  void* a = fx_alloc(&f, 100 * MiB, S1);                  /* S1: 3 */
-  void* x = fx_alloc(&f, 8 * MiB, S2);                    /* S2: 1 */
-  void* c = fx_alloc(&f, 100 * MiB, S1);                  /* S1: 4 */
-  CHECK_EQ(U(x), U(a) + 100 * MiB);
-  fx_free(&f, a);
-  fx_free(&f, fx_alloc(&f, 4096, S2)); /* S2: 2; closes S1's epoch */
-  stash_sim_complete(f.sim, S1);
+  void *keep, *a, *x, *c;
+  side_block_beside_free_memory(&f, &keep, &a, &x, &c); /* S1: 4, S2: 2 */
   for (int i = 0; i < 4; i++) fx_free(&f, fx_alloc(&f, 4096, S1)); /* S1: 8 */
   for (int i = 0; i < 7; i++) fx_free(&f, fx_alloc(&f, 4096, S2)); /* S2: 9 */
   stash_sim_complete(f.sim, S1);

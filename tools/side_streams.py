@@ -115,9 +115,9 @@ def main():
     for exe in args.replays:
         if not os.access(exe, os.X_OK):
             ap.error("%s: not an executable stash-replay" % exe)
+    candidates = [p for p, _ in traces(sets)]
     with ThreadPoolExecutor(args.jobs) as ex:
-        paths = [p for p, ok in zip([p for p, _ in traces(sets)],
-                                    ex.map(one_stream, [p for p, _ in traces(sets)])) if ok]
+        paths = [p for p, ok in zip(candidates, ex.map(one_stream, candidates)) if ok]
     anchor = anchors(args.replays[0], paths, args.jobs)
     report = {"traces": len(paths), "modes": {}}
     for mode in modes:
