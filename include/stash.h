@@ -79,7 +79,7 @@ typedef enum stash_policy_e {
   _STASH_POLICY_LAST
 } stash_policy_t;
 
-#define STASH_CONF_VERSION 2
+#define STASH_CONF_VERSION 3
 #define STASH_ROUNDUP_BUCKETS 16 /* [<2 MiB, 2-4 MiB, ..., >= 32 GiB), as PyTorch */
 
 /* A heap's configuration. Fill with stash_conf_init() and then stash_conf_parse().
@@ -105,6 +105,14 @@ typedef struct stash_conf_s {
    * its device (README, "At the device's limit": 20 fits more runs than expandable segments
    * do). Set, the heap never turns tight. */
   size_t max_piece_size;
+  /* policy:stash: stream_waits (=True). A stream that asks for memory which only another
+   * stream's freed blocks could serve, before that stream's work on them is known to be over,
+   * is made to wait for that work on the device (cuStreamWaitEvent, after an event recorded on
+   * the other stream) and takes the block, rather than the heap growing - as cudaMallocAsync
+   * does by default. The host never waits; the cost is the ordering: the asking stream's later
+   * work starts after the other stream's work queued so far. False: such a block serves
+   * another stream only once its event has completed, and the heap grows meanwhile. */
+  bool stream_waits;
 } stash_conf_t;
 
 /* Fill conf with the defaults above (policy:stash; PyTorch's defaults for its keys). */
@@ -114,7 +122,7 @@ STASH_API void stash_conf_init(stash_conf_t* conf);
  * "key:value,key:[a:b,c:d]". Keys: policy (stash|pytorch), max_split_size_mb,
  * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
  * garbage_collection_threshold, per_process_memory_fraction, expandable_segments
- * (True/False), max_piece_size_mb (policy:stash); and, so that a PYTORCH_CUDA_ALLOC_CONF can
+ * (True/False), max_piece_size_mb and stream_waits (True/False) (policy:stash); and, so that a PYTORCH_CUDA_ALLOC_CONF can
  * be reused as it is, backend (only "native") and release_lock_on_cudamalloc (True/False, checked, no effect: stash
  * holds its heap's lock across driver calls either way). Keys are applied on top of conf's current values, then the result is
  * checked as a whole (so "expandable_segments:True,policy:pytorch" is as good as the other

@@ -27,7 +27,9 @@
 extern "C" {
 #endif
 
-#define STASH_PROVIDER_VERSION 1
+/* Version 2 added stream_wait; a version 1 table (size offsetof(stash_provider_t,
+ * stream_wait)) is still accepted, as a provider without it. */
+#define STASH_PROVIDER_VERSION 2
 
 /* Every provider call, for counters, fault injection and cost models: name, doc. */
 #define STASH_PROVIDER_CALLS(X)                                                             \
@@ -46,7 +48,8 @@ extern "C" {
   X(event_synchronize, "wait for an event (cuEventSynchronize)")                           \
   X(event_destroy, "destroy an event (cuEventDestroy)")                                    \
   X(stream_synchronize, "wait for a stream's work (cuStreamSynchronize)")                  \
-  X(mem_info, "the device's free and total memory (cuMemGetInfo)")
+  X(mem_info, "the device's free and total memory (cuMemGetInfo)")                         \
+  X(stream_wait, "make a stream's later work wait for an event (cuStreamWaitEvent)")
 
 typedef enum stash_provider_call_e {
 #define STASH_X_(name, doc) STASH_CALL_##name,
@@ -99,6 +102,14 @@ struct stash_provider_s {
   stash_status_t (*event_synchronize)(void* ctx, uint64_t event);
   stash_status_t (*event_destroy)(void* ctx, uint64_t event);
   stash_status_t (*stream_synchronize)(void* ctx, int device, void* stream);
+
+  /* Version 2 (optional). stream_wait makes the work queued on `stream` after the call wait,
+   * on the device, for `event` (recorded on another stream) to complete; the host does not
+   * wait. policy:stash uses it to give one stream a block that another stream freed, rather
+   * than grow the heap, when that block's last use there may still be running (as
+   * cudaMallocAsync's pools do: cudaMemPoolReuseAllowInternalDependencies). NULL: the
+   * provider cannot, and such a block waits for its event to complete on its own. */
+  stash_status_t (*stream_wait)(void* ctx, int device, void* stream, uint64_t event);
 };
 
 /* For provider implementations: set the calling thread's error message (printf format)

@@ -29,6 +29,7 @@ void stash_conf_init(stash_conf_t* c) {
   c->garbage_collection_threshold = 0.0;
   c->per_process_memory_fraction = 1.0;
   c->expandable_segments = false;
+  c->stream_waits = true;
 }
 
 const char* _stash_policy_name(stash_policy_t p) {
@@ -211,6 +212,11 @@ static stash_status_t parse_expandable(const char* key, const lexer_t* lx, size_
   return parse_bool(key, lx->tok[*i], &c->expandable_segments);
 }
 
+static stash_status_t parse_stream_waits(const char* key, const lexer_t* lx, size_t* i,
+                                         stash_conf_t* c) {
+  return parse_bool(key, lx->tok[*i], &c->stream_waits);
+}
+
 static stash_status_t parse_ignored_bool(const char* key, const lexer_t* lx, size_t* i,
                                          stash_conf_t* c) {
   (void)c;
@@ -308,6 +314,9 @@ static const struct option_s {
     {"max_piece_size_mb", parse_max_piece,
      "policy:stash: no physical allocation larger, for runs at the device's limit (MiB, >= 2; "
      "=the policy's own)"},
+    {"stream_waits", parse_stream_waits,
+     "policy:stash: a stream may wait on the device for another stream's work, to take memory "
+     "that stream freed, rather than grow (True/False; =True)"},
     {"backend", parse_backend, "accepted for compatibility: native"},
     {"release_lock_on_cudamalloc", parse_ignored_bool,
      "accepted for compatibility (True/False); stash holds its lock"},
@@ -369,14 +378,15 @@ stash_status_t _stash_conf_validate(const stash_conf_t* c) {
     if (key)
       return _stash_error(STASH_ERR_CONF,
                           "STASH_CONF: %s configures policy:pytorch; policy:stash (the default) "
-                          "takes only per_process_memory_fraction and max_piece_size_mb - add "
-                          "policy:pytorch to use it",
+                          "takes only per_process_memory_fraction, max_piece_size_mb and "
+                          "stream_waits - add policy:pytorch to use it",
                           key);
   }
-  if (c->policy == STASH_POLICY_PYTORCH && c->max_piece_size)
+  if (c->policy == STASH_POLICY_PYTORCH && (c->max_piece_size || !c->stream_waits))
     return _stash_error(STASH_ERR_CONF,
-                        "STASH_CONF: max_piece_size_mb configures policy:stash; policy:pytorch "
-                        "makes the allocations PyTorch makes");
+                        "STASH_CONF: %s configures policy:stash; policy:pytorch makes the "
+                        "allocations PyTorch makes",
+                        c->max_piece_size ? "max_piece_size_mb" : "stream_waits");
   return STASH_OK;
 }
 
@@ -480,5 +490,6 @@ size_t stash_conf_format(const stash_conf_t* c, char* buf, size_t n) {
   if (c->expandable_segments) _stash_appendf(buf, n, &len, ",expandable_segments:True");
   if (c->max_piece_size)
     _stash_appendf(buf, n, &len, ",max_piece_size_mb:%zu", c->max_piece_size / MB);
+  if (!c->stream_waits) _stash_appendf(buf, n, &len, ",stream_waits:False");
   return len;
 }

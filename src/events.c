@@ -173,6 +173,15 @@ stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e, boo
   return st;
 }
 
+bool _stash_events_last(const stash_events_t* e, void* stream, uint64_t* event) {
+  const stash_ev_queue_t* q = queue_for((stash_events_t*)e, stream);
+  if (!q || !q->n) return false;
+  const stash_ev_entry_t* x = &q->v[(q->head + q->n - 1) % q->cap];
+  if (x->deferred) return false;
+  *event = x->event;
+  return true;
+}
+
 void _stash_events_foreach(const stash_events_t* e, void (*fn)(void* item, void* arg),
                            void* arg) {
   for (size_t i = 0; i < e->nqueues; i++) {

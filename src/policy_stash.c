@@ -473,6 +473,52 @@ static sb_block* highest_fit(sb_arena* a, size_t size, uint32_t slot) {
   return NULL;
 }
 
+/* ---- Waiting for another stream's work ---------------------------------------------------- */
+
+/* The best fitting free block of arena a that another stream than slot's freed and may still
+ * be using (tagged with that stream's slot): the smallest, then the lowest; NULL if none. */
+static sb_block* others_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
+  sb_block* best = NULL;
+  a->key.size = size;
+  a->key.ptr = 0;
+  for (size_t k = 1; k <= s->nstreams; k++) {
+    if (k == slot) continue;
+    bs_node_t* n = _stash_bs_lower_bound(&a->by_size[k], &a->key.snode);
+    if (n && (!best || cmp_size(n, &best->snode) < 0)) best = FROM_SNODE(n);
+  }
+  return best;
+}
+
+/* Where no free block fits a request of stream slot `slot` but one another stream freed, whose
+ * epoch is not known to be over (stream_waits, stash.h): an event on that stream after the
+ * free - closing its epoch if it freed blocks since the last one, else its last event, which
+ * follows that epoch's - and slot's stream made to wait for it on the device. *out: the block,
+ * or NULL where there is none or the heap may not wait. On 405 traces given a side stream
+ * (tools/side_streams.py), with one request of any size every 2000 events, issue 4's targets
+ * hold on 331 with it and 265 without; from event 2000 on, 314 and 236 (docs/policy-stash.md,
+ * "Forty-seventh session"). */
+static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
+                                 sb_block** out) {
+  sb_state* s = S(h);
+  *out = NULL;
+  if (s->nstreams < 2 || h->capturing || !h->conf.stream_waits || !h->prov.stream_wait)
+    return STASH_OK;
+  sb_block* b = others_fit(s, a, size, slot);
+  if (!b) return STASH_OK;
+  sb_stream* owner = &s->streams[b->tag];
+  uint64_t ev = 0;
+  if (owner->dirty || !_stash_events_last(&s->events, owner->stream, &ev)) {
+    stash_status_t st = epoch_close(h, b->tag);
+    if (st != STASH_OK) return st;
+    if (!_stash_events_last(&s->events, owner->stream, &ev))
+      return _stash_error(STASH_ERR_INVALID, "stash policy: a closed epoch has no event");
+  }
+  stash_status_t st = _STASH_PCALL(h, stream_wait, h->device, s->streams[slot].stream, ev);
+  if (st != STASH_OK) return _stash_prov_fail(h, st, "make a stream wait for an event");
+  *out = b;
+  return STASH_OK;
+}
+
 /* ---- Allocation and free ---------------------------------------------------------------------- */
 
 static stash_status_t release_cache(stash_heap_t* h);
@@ -661,6 +707,10 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
   }
   if (a->small && a->nranged) b = ranged_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
+  if (!b) { /* another stream's freed block, waiting on the device for its work there */
+    stash_status_t r = waited_fit(h, a, size, slot, &b);
+    if (r != STASH_OK) return r;
+  }
   /* what empty_cache gave back comes back before new memory - when tight, in the large arena,
    * only once its address range has no room left at its end (new memory comes in pieces) */
   if (!b && a->nreleased &&

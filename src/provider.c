@@ -1,4 +1,5 @@
 /* provider.c: provider tables - validation on registration, call names. */
+#include <stddef.h>
 #include <string.h>
 
 #include "internal.h"
@@ -18,11 +19,15 @@ const char* stash_provider_call_name(stash_provider_call_t call) {
 
 stash_status_t _stash_provider_copy(stash_provider_t* dst, const stash_provider_t* src) {
   if (!src) return _stash_error(STASH_ERR_INVALID, "provider is NULL");
-  if (src->version != STASH_PROVIDER_VERSION || src->size != sizeof(stash_provider_t))
+  /* The size each version's table has: a version adds fields at the end. */
+  static const size_t sizes[] = {0, offsetof(stash_provider_t, stream_wait),
+                                 sizeof(stash_provider_t)};
+  if (src->version < 1 || src->version > STASH_PROVIDER_VERSION ||
+      src->size != sizes[src->version])
     return _stash_error(STASH_ERR_INVALID,
                         "provider '%s' has table version %u (size %u); this stash reads "
-                        "version %u (size %zu)",
-                        src->name ? src->name : "?", src->version, src->size,
+                        "versions 1 (size %zu) to %u (size %zu)",
+                        src->name ? src->name : "?", src->version, src->size, sizes[1],
                         STASH_PROVIDER_VERSION, sizeof(stash_provider_t));
   const char* missing = NULL;
   if (!src->device_count) missing = "device_count";
@@ -38,7 +43,10 @@ stash_status_t _stash_provider_copy(stash_provider_t* dst, const stash_provider_
   if (missing)
     return _stash_error(STASH_ERR_INVALID, "provider '%s' lacks the required function %s",
                         src->name ? src->name : "?", missing);
-  memcpy(dst, src, sizeof *dst);
+  memset(dst, 0, sizeof *dst); /* what an older version lacks is NULL: not provided */
+  memcpy(dst, src, src->size);
+  dst->version = STASH_PROVIDER_VERSION;
+  dst->size = sizeof *dst;
   return STASH_OK;
 }
 

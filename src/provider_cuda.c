@@ -63,6 +63,7 @@
   X(cuStreamCreate, 2000)              \
   X(cuStreamDestroy, 4000)             \
   X(cuStreamQuery, 2000)               \
+  X(cuStreamWaitEvent, 3020)           \
   X(cuMemsetD32Async, 3020)            \
   X(cuMemcpyDtoH, 3020)                \
   X(cuThreadExchangeStreamCaptureMode, 10010)
@@ -408,6 +409,17 @@ static stash_status_t cuda_stream_synchronize(void* ctx, int device, void* strea
   return STASH_OK;
 }
 
+static stash_status_t cuda_stream_wait(void* ctx, int device, void* stream, uint64_t event) {
+  (void)ctx;
+  if (stream == NULL) { /* the legacy default stream is named by the current context */
+    const char* call_ = "cuStreamWaitEvent";
+    IN_CTX(device, r = g_cuda.cu.cuStreamWaitEvent(NULL, (CUevent)(uintptr_t)event, 0));
+    return STASH_OK;
+  }
+  CU(cuStreamWaitEvent, ((CUstream)stream, (CUevent)(uintptr_t)event, 0));
+  return STASH_OK;
+}
+
 static void fill_table(void) {
   stash_provider_t* t = &g_cuda.table;
   t->version = STASH_PROVIDER_VERSION;
@@ -432,6 +444,7 @@ static void fill_table(void) {
   t->event_synchronize = cuda_event_synchronize;
   t->event_destroy = cuda_event_destroy;
   t->stream_synchronize = cuda_stream_synchronize;
+  t->stream_wait = cuda_stream_wait;
 }
 
 static void init_once(void) {

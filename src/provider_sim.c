@@ -32,6 +32,8 @@
 #define SIM_VA_LIMIT 0x400000000000ULL
 #define SIM_ALLOC_BASE 0x7f0000000000ULL /* mem_alloc: the driver-like layout below this */
 #define SIM_CHUNK (32ULL << 20)          /* the driver's chunk granularity */
+/* cuStreamWaitEvent's host time (PROVISIONAL: to be measured on the GPU machine) */
+#define SIM_STREAM_WAIT_US 1.0
 
 typedef struct range_s {
   uint64_t start;
@@ -65,10 +67,20 @@ typedef struct piece_s {
   uint64_t pages;  /* pages still mapped */
 } piece_t;
 
+/* A stream_wait: the stream's work queued after its `after`-th event waits for event `seq`
+ * of stream `stream`. */
+typedef struct sim_wait_s {
+  uint64_t after;
+  int stream;
+  uint64_t seq;
+} sim_wait_t;
+
 typedef struct sim_stream_s {
   void* stream;
   uint64_t recorded;  /* events recorded so far */
   uint64_t completed; /* events recorded up to this one have completed */
+  sim_wait_t* waits;  /* the stream_waits its incomplete work is behind */
+  size_t nwaits, cap_waits;
 } sim_stream_t;
 
 typedef struct sim_event_s {
@@ -696,7 +708,7 @@ static int stream_index(stash_sim_t* s, void* stream) {
       _stash_array_grow(s->streams, &s->cap_streams, s->nstreams + 1, sizeof *v, 8);
   if (!v) return -1;
   s->streams = v;
-  s->streams[s->nstreams] = (sim_stream_t){stream, 0, 0};
+  s->streams[s->nstreams] = (sim_stream_t){.stream = stream};
   return (int)s->nstreams++;
 }
 
@@ -733,6 +745,24 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
   LEAVE(s, STASH_OK);
 }
 
+/* Stream si's work up to its seq-th event has completed (every event: all of it, seq being
+ * its count of events) - and so has the work that work waited for (stream_wait): the events
+ * of other streams it waited for, and theirs in turn. */
+static void complete_to(stash_sim_t* s, int si, uint64_t seq, bool all) {
+  sim_stream_t* st = &s->streams[si];
+  if (seq > st->completed) st->completed = seq;
+  for (size_t i = 0; i < st->nwaits;) {
+    sim_wait_t w = st->waits[i];
+    if (!all && w.after >= seq) { /* queued after that event: not known to be done */
+      i++;
+      continue;
+    }
+    st->waits[i] = st->waits[--st->nwaits]; /* out first: a cycle of waits ends */
+    complete_to(s, w.stream, w.seq, false);
+    st = &s->streams[si];
+  }
+}
+
 static bool event_done(const stash_sim_t* s, const sim_event_t* e) {
   return e->stream < 0 || s->streams[e->stream].completed >= e->seq;
 }
@@ -752,7 +782,7 @@ static stash_status_t sim_event_synchronize(void* ctx, uint64_t event) {
   sim_event_t* e = _stash_ptrmap_get(&s->events, event);
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   /* Waiting lets the stream run up to the event. */
-  if (!event_done(s, e)) s->streams[e->stream].completed = e->seq;
+  if (!event_done(s, e)) complete_to(s, e->stream, e->seq, false);
   COST(s, event_synchronize, 0.19, 0); /* not measured: taken as cuEventQuery, the wait itself not counted */
   LEAVE(s, STASH_OK);
 }
@@ -774,8 +804,27 @@ static stash_status_t sim_stream_synchronize(void* ctx, int device, void* stream
   ENTER(s, stream_synchronize);
   int si = stream_index(s, stream);
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
-  s->streams[si].completed = s->streams[si].recorded;
+  complete_to(s, si, s->streams[si].recorded, true);
   COST(s, stream_synchronize, 3.0, 0); /* not measured: an idle stream's synchronize, a few us */
+  LEAVE(s, STASH_OK);
+}
+
+static stash_status_t sim_stream_wait(void* ctx, int device, void* stream, uint64_t event) {
+  stash_sim_t* s = ctx;
+  (void)device;
+  ENTER(s, stream_wait);
+  sim_event_t* e = _stash_ptrmap_get(&s->events, event);
+  if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
+  int si = stream_index(s, stream);
+  if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+  if (!event_done(s, e) && e->stream != si) { /* a done event (or never recorded): no wait */
+    sim_stream_t* st = &s->streams[si];
+    sim_wait_t* v = _stash_array_grow(st->waits, &st->cap_waits, st->nwaits + 1, sizeof *v, 4);
+    if (!v) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
+    st->waits = v;
+    st->waits[st->nwaits++] = (sim_wait_t){st->recorded, e->stream, e->seq};
+  }
+  COST(s, stream_wait, SIM_STREAM_WAIT_US, 0);
   LEAVE(s, STASH_OK);
 }
 
@@ -833,6 +882,7 @@ stash_status_t stash_sim_create(int devices, size_t capacity, stash_sim_t** out)
   t->event_synchronize = sim_event_synchronize;
   t->event_destroy = sim_event_destroy;
   t->stream_synchronize = sim_stream_synchronize;
+  t->stream_wait = sim_stream_wait;
   *out = s;
   return STASH_OK;
 }
@@ -847,6 +897,7 @@ void stash_sim_destroy(stash_sim_t* s) {
   free(s->free_va.v);
   for (size_t k = 0; k < s->nchunks; k++) free(s->chunks[k].free.v);
   free(s->chunks);
+  for (size_t i = 0; i < s->nstreams; i++) free(s->streams[i].waits);
   free(s->streams);
   _stash_ptrmap_free(&s->handles);
   _stash_ptrmap_free(&s->pages);
@@ -864,13 +915,16 @@ const stash_provider_t* stash_sim_provider(stash_sim_t* s) { return &s->table; }
 void stash_sim_complete(stash_sim_t* s, void* stream) {
   pthread_mutex_lock(&s->lock);
   int si = stream_index(s, stream);
-  if (si >= 0) s->streams[si].completed = s->streams[si].recorded;
+  if (si >= 0) complete_to(s, si, s->streams[si].recorded, true);
   pthread_mutex_unlock(&s->lock);
 }
 
 void stash_sim_complete_all(stash_sim_t* s) {
   pthread_mutex_lock(&s->lock);
-  for (size_t i = 0; i < s->nstreams; i++) s->streams[i].completed = s->streams[i].recorded;
+  for (size_t i = 0; i < s->nstreams; i++) {
+    s->streams[i].completed = s->streams[i].recorded;
+    s->streams[i].nwaits = 0;
+  }
   pthread_mutex_unlock(&s->lock);
 }
 

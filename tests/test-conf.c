@@ -30,6 +30,7 @@ static void check_conf_equal_(int line, const stash_conf_t* a, const stash_conf_
   CHECK(a->per_process_memory_fraction == b->per_process_memory_fraction);
   CHECK_EQ(a->expandable_segments, b->expandable_segments);
   CHECK_EQ(a->max_piece_size, b->max_piece_size);
+  CHECK_EQ(a->stream_waits, b->stream_waits);
   for (int i = 0; i < NB; i++) CHECK_EQ(a->roundup_power2_divisions[i], b->roundup_power2_divisions[i]);
   if (th_failures != before) fprintf(stderr, "  ^ confs differ (%s), line %d\n", what, line);
 }
@@ -331,7 +332,7 @@ TEST(bad_inputs) {
                                        "large_segment_size_mb", "roundup_power2_divisions",
                                        "garbage_collection_threshold",
                                        "per_process_memory_fraction", "expandable_segments",
-                                       "max_piece_size_mb", "backend",
+                                       "max_piece_size_mb", "stream_waits", "backend",
                                        "release_lock_on_cudamalloc"};
     stash_conf_t c;
     stash_conf_init(&c);
@@ -552,6 +553,46 @@ TEST(max_piece_size_is_policy_stash_s) {
   stash_sim_destroy(sim);
 }
 
+/* stream_waits: policy:stash's, True by default; False is refused under policy:pytorch (in
+ * either order, and when a conf that has it switches policy), and a bad value changes
+ * nothing. */
+TEST(stream_waits_is_policy_stash_s) {
+  stash_conf_t c;
+  stash_conf_init(&c);
+  CHECK(c.stream_waits);
+  CHECK_OK(stash_conf_parse(&c, "stream_waits:False"));
+  CHECK(!c.stream_waits);
+  CHECK_OK(stash_conf_parse(&c, "stream_waits:True"));
+  CHECK(c.stream_waits);
+  CHECK_OK(stash_conf_parse(&c, "policy:pytorch,stream_waits:True")); /* the default: fine */
+  static const struct {
+    const char* text;
+    const char* needle;
+  } bad[] = {
+      {"stream_waits:false", "expected True or False"},
+      {"stream_waits:0", "expected True or False"},
+      {"stream_waits:", "expected 'stream_waits:value'"},
+      {"stream_waits:False,policy:pytorch", "configures policy:stash"},
+      {"policy:pytorch,stream_waits:False", "configures policy:stash"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    stash_conf_t saved;
+    stash_conf_init(&c);
+    CHECK_OK(stash_conf_parse(&c, "per_process_memory_fraction:0.75"));
+    memcpy(&saved, &c, sizeof c);
+    CHECK_EQ(stash_conf_parse(&c, bad[k].text), STASH_ERR_CONF);
+    CHECK(memcmp(&c, &saved, sizeof c) == 0);
+    CHECK_STR_CONTAINS(stash_last_error(), "stream_waits");
+    CHECK_STR_CONTAINS(stash_last_error(), bad[k].needle);
+  }
+  stash_conf_t saved;
+  stash_conf_init(&c);
+  CHECK_OK(stash_conf_parse(&c, "stream_waits:False"));
+  saved = c;
+  CHECK_EQ(stash_conf_parse(&c, "policy:pytorch"), STASH_ERR_CONF);
+  CHECK(memcmp(&c, &saved, sizeof c) == 0);
+}
+
 TEST(max_split_not_below_large_segment) {
   /* in one text, in either order */
   EXPECT_BAD("large_segment_size_mb:40,max_split_size_mb:30", "max_split_size_mb", NULL);
@@ -598,6 +639,8 @@ static void check_format_keys_(int line, const stash_conf_t* c, const char* text
   CHECK_EQ(strstr(text, "expandable_segments:") != NULL,
            c->expandable_segments != d.expandable_segments);
   CHECK_EQ(strstr(text, "max_piece_size_mb:") != NULL, c->max_piece_size != d.max_piece_size);
+  CHECK_EQ(strstr(text, "stream_waits:False") != NULL, !c->stream_waits);
+  CHECK(strstr(text, "stream_waits:True") == NULL); /* the default */
   CHECK(strstr(text, "backend") == NULL);
   if (th_failures != before) fprintf(stderr, "  ^ formatted \"%s\" (line %d)\n", text, line);
 }
@@ -690,6 +733,8 @@ TEST(format_round_trips) {
   c.per_process_memory_fraction = 1.0;
   c.max_piece_size = (SIZE_MAX / MiB) * MiB; /* the largest a text can give */
   CHECK_ROUND_TRIP(&c);
+  c.stream_waits = false;
+  CHECK_ROUND_TRIP(&c);
   /* values set directly: fractions that need all 17 digits, arbitrary bucket arrays */
   pytorch_init(&c);
   c.garbage_collection_threshold = 1.0 / 3.0;
@@ -747,6 +792,7 @@ int main(void) {
   RUN(max_split_not_below_large_segment);
   RUN(stash_policy_refuses_pytorch_keys);
   RUN(max_piece_size_is_policy_stash_s);
+  RUN(stream_waits_is_policy_stash_s);
   RUN(format_defaults);
   RUN(format_round_trips);
   RUN(format_truncates_like_snprintf);

@@ -195,6 +195,46 @@ TEST(record_stream_waits_for_the_other_stream) {
   record_stream_waits("policy:stash"); /* z: x's memory, perhaps at another address */
 }
 
+/* ---- stream waits ------------------------------------------------------------------------ */
+
+/* policy:stash gives s2 the block s1 has just freed, while s1's work on it is still queued, and
+ * makes s2 wait for that work on the device (cuStreamWaitEvent): the host does not wait (s1 is
+ * still busy when the block is handed out), and s2's write lands after s1's last one. Were the
+ * wait missing, s1's queued write would land last. */
+TEST(a_stream_waits_on_the_device_for_the_work_on_a_block_it_takes) {
+  stash_heap_t* h = open_heap("policy:stash");
+  if (!h) return;
+  CUstream s1, s2;
+  stream_create(&s1, CU_STREAM_NON_BLOCKING);
+  stream_create(&s2, CU_STREAM_NON_BLOCKING);
+  const size_t xsize = 256 * MiB, bsize = 1024 * MiB;
+  void *small, *b, *x, *y;
+  CHECK_OK(stash_heap_alloc(h, 4096, s1, &small)); /* a free first: not a model's loading */
+  CHECK_OK(stash_heap_free(h, small));
+  CHECK_OK(stash_heap_alloc(h, 4096, s2, &small)); /* s2 has allocated */
+  CHECK_OK(stash_heap_alloc(h, bsize, s1, &b));
+  CHECK_OK(stash_heap_alloc(h, xsize, s1, &x));
+  for (int i = 0; i < 300; i++) memset32((CUdeviceptr)(uintptr_t)b, (unsigned)i, bsize / 4, s1);
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)x, 0x11111111u, xsize / 4, s1), CUDA_SUCCESS);
+  CHECK_OK(stash_heap_free(h, x));
+  int64_t reserved = stats_of(h).reserved_bytes[0].current;
+  CHECK_OK(stash_heap_alloc(h, xsize, s2, &y));
+  CUresult busy = stream_query(s1); /* was s1's work still queued when y was handed out? */
+  CHECK(y == x);
+  CHECK_EQ(busy, CUDA_ERROR_NOT_READY);
+  CHECK_EQ(stats_of(h).reserved_bytes[0].current, reserved); /* no new memory */
+  CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)y, 0x22222222u, xsize / 4, s2), CUDA_SUCCESS);
+  stream_sync(s1);
+  live_t l = {y, xsize, 0x22222222u, s2};
+  CHECK(verify(&l));
+  CHECK_OK(stash_heap_free(h, y));
+  CHECK_OK(stash_heap_free(h, b));
+  CHECK_OK(stash_heap_free(h, small));
+  CHECK_OK(stash_heap_destroy(h));
+  stream_destroy(s1);
+  stream_destroy(s2);
+}
+
 /* ---- out of memory ----------------------------------------------------------------------- */
 
 /* Ask for more than the card has: refused with an out-of-memory message - policy:pytorch
@@ -440,6 +480,7 @@ int main(void) {
   RUN(patterns_plain);
   RUN(patterns_expandable);
   RUN(record_stream_waits_for_the_other_stream);
+  RUN(a_stream_waits_on_the_device_for_the_work_on_a_block_it_takes);
   RUN(out_of_memory_frees_the_cache_and_recovers);
   RUN(stash_stitches_holes_on_the_gpu);
   RUN(stash_stitches_small_arena_pages_on_the_gpu);

@@ -1,4 +1,5 @@
 /* test-errors: every bad input gets a clear status and changes nothing. */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "fixture.h"
@@ -42,6 +43,17 @@ TEST(bad_devices_and_providers) {
   bad.version = 99;
   CHECK_EQ(stash_heap_create(NULL, &bad, 0, &h), STASH_ERR_INVALID);
   CHECK_STR_CONTAINS(stash_last_error(), "version 99");
+  /* A version 1 table is the size it had then; of any other size it is refused. */
+  bad = *stash_sim_provider(sim);
+  bad.version = 1;
+  CHECK_EQ(stash_heap_create(NULL, &bad, 0, &h), STASH_ERR_INVALID);
+  CHECK_STR_CONTAINS(stash_last_error(), "has table version 1 (size");
+  bad.version = 2;
+  bad.size = (uint32_t)offsetof(stash_provider_t, stream_wait);
+  CHECK_EQ(stash_heap_create(NULL, &bad, 0, &h), STASH_ERR_INVALID);
+  bad.version = 0;
+  bad.size = sizeof bad;
+  CHECK_EQ(stash_heap_create(NULL, &bad, 0, &h), STASH_ERR_INVALID);
   bad = *stash_sim_provider(sim);
   bad.mem_alloc = NULL;
   CHECK_EQ(stash_heap_create(NULL, &bad, 0, &h), STASH_ERR_INVALID);

@@ -157,7 +157,8 @@ static void script(run_t* r) {
 
 /* The same for policy:stash, with stitching: a large request served from a hole, the small
  * arena's free memory and new memory at a fresh address, freed and served again from the
- * same range, the same size on the other stream (whose blocks are not free for it yet),
+ * same range, the same size on the other stream (whose blocks are not free for it yet: it
+ * waits for their event on the device),
  * empty_cache with a pending free and blocks only a stream synchronize frees, a request that
  * fits only once the cache is released, and one that cannot fit. Capacity 1 GiB. */
 static void script_stash(run_t* r) {
@@ -183,17 +184,18 @@ static void script_stash(run_t* r) {
   if (r->clean) CHECK(in_stitched_range(r, x));
   if (r->clean) CHECK_EQ(small_lent(r), 12 * MiB);
   op_free(r, 7);
-  op_alloc(r, 8, 300 * MiB, S2); /* S1's pages are not free for S2 yet */
+  op_alloc(r, 8, 300 * MiB, S2); /* S1's pages, not free for S2 yet: S2 waits for S1's event
+                                    on the device (stream_wait) */
   stash_sim_complete(r->f.sim, S1);
   op_alloc(r, 9, 300 * MiB, S1); /* the cached stitched range again */
   if (r->clean) CHECK(r->p[9] == x);
   op_free(r, 8);
-  op_alloc(r, 10, 30 * MiB, S1);
+  op_alloc(r, 10, 30 * MiB, S1); /* S2's freed block: S1 waits for S2's event */
   op_record(r, 10, S2);
   op_free(r, 10);
   op_empty(r); /* waits for S2's event, synchronizes S1 */
   op_free(r, 9);
-  op_alloc(r, 14, 300 * MiB, S2); /* S1's pages are not S2's yet: more memory */
+  op_alloc(r, 14, 300 * MiB, S2); /* S1's pages are not S2's yet: S2 waits again */
   op_free(r, 14);
   op_alloc(r, 11, 900 * MiB, S1); /* fits only once S2's pages are released to all */
   op_free(r, 11);
@@ -413,6 +415,8 @@ static bool run_script(const char* conf, stash_provider_call_t call, uint64_t nt
                                         STASH_CALL_mem_info};
     for (size_t i = 0; i < sizeof need_all / sizeof need_all[0]; i++)
       CHECK(stash_sim_calls(r.f.sim, need_all[i]) > 0);
+    /* policy:stash's stream waits (policy:pytorch never makes one) */
+    CHECK_EQ(stash_sim_calls(r.f.sim, STASH_CALL_stream_wait) > 0, stash);
     if (vmm) {
       for (size_t i = 0; i < sizeof need_vmm / sizeof need_vmm[0]; i++)
         CHECK(stash_sim_calls(r.f.sim, need_vmm[i]) > 0);

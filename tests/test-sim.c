@@ -191,6 +191,73 @@ TEST(illegal_calls_are_errors) {
   stash_sim_destroy(sim);
 }
 
+/* stream_wait: the waiting stream's later work completes only after the event waited for, so
+ * completing it (stash_sim_complete, event_synchronize, stream_synchronize) completes that
+ * event's stream up to the event too - and what that stream waited for in turn - but not the
+ * other stream's later work, nor the waiting stream's work queued before the wait. */
+TEST(a_stream_wait_orders_the_waiting_streams_later_work_after_the_event) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  void *A = (void*)7, *B = (void*)8, *C = (void*)9;
+  uint64_t a1, a2, b0, b1, c1;
+  CHECK_OK(p->event_create(x, 0, &a1));
+  CHECK_OK(p->event_create(x, 0, &a2));
+  CHECK_OK(p->event_create(x, 0, &b0));
+  CHECK_OK(p->event_create(x, 0, &b1));
+  CHECK_OK(p->event_create(x, 0, &c1));
+  CHECK_OK(p->event_record(x, 0, b0, B)); /* B's work before the wait */
+  CHECK_OK(p->event_record(x, 0, a1, A));
+  CHECK_OK(p->stream_wait(x, 0, B, a1));
+  CHECK_OK(p->event_record(x, 0, a2, A)); /* A's work after the event B waits for */
+  CHECK_OK(p->event_record(x, 0, b1, B));
+  CHECK_EQ(p->event_query(x, b1), STASH_ERR_NOT_READY);
+  stash_sim_complete(sim, A); /* A's work: B's after the wait is still queued */
+  CHECK_OK(p->event_query(x, a1));
+  CHECK_EQ(p->event_query(x, b1), STASH_ERR_NOT_READY);
+  /* again, completed from B's side: B's work is done, so A's up to a1 is, not a2 */
+  CHECK_OK(p->event_record(x, 0, a1, A));
+  CHECK_OK(p->stream_wait(x, 0, B, a1));
+  CHECK_OK(p->event_record(x, 0, a2, A));
+  CHECK_OK(p->event_record(x, 0, b1, B));
+  stash_sim_complete(sim, B);
+  CHECK_OK(p->event_query(x, b1));
+  CHECK_OK(p->event_query(x, a1));
+  CHECK_EQ(p->event_query(x, a2), STASH_ERR_NOT_READY);
+  /* waiting for B's event before the wait completes nothing of A's; after it, a1 and what
+   * a1's stream waited for (C's c1): a chain */
+  CHECK_OK(p->event_record(x, 0, c1, C));
+  CHECK_OK(p->stream_wait(x, 0, A, c1));
+  CHECK_OK(p->event_record(x, 0, a1, A));
+  CHECK_OK(p->event_record(x, 0, b0, B));
+  CHECK_OK(p->stream_wait(x, 0, B, a1));
+  CHECK_OK(p->event_record(x, 0, b1, B));
+  CHECK_OK(p->event_synchronize(x, b0));
+  CHECK_EQ(p->event_query(x, a1), STASH_ERR_NOT_READY);
+  CHECK_OK(p->event_synchronize(x, b1));
+  CHECK_OK(p->event_query(x, a1));
+  CHECK_OK(p->event_query(x, c1));
+  /* a cycle of waits ends; a stream's synchronize completes what it waited for */
+  CHECK_OK(p->event_record(x, 0, a1, A));
+  CHECK_OK(p->event_record(x, 0, b1, B));
+  CHECK_OK(p->stream_wait(x, 0, A, b1));
+  CHECK_OK(p->stream_wait(x, 0, B, a1));
+  CHECK_OK(p->stream_synchronize(x, 0, A));
+  CHECK_OK(p->event_query(x, a1));
+  CHECK_OK(p->event_query(x, b1));
+  /* a completed or never recorded event, or one of the stream's own: nothing to wait for */
+  CHECK_OK(p->stream_wait(x, 0, B, a1));
+  CHECK_OK(p->event_record(x, 0, b1, B));
+  stash_sim_complete(sim, B);
+  CHECK_OK(p->event_query(x, b1));
+  CHECK_EQ(p->stream_wait(x, 0, B, 999), STASH_ERR_DRIVER); /* no such event */
+  CHECK_EQ(stash_sim_calls(sim, STASH_CALL_stream_wait), 8); /* the refused one counted */
+  uint64_t all[] = {a1, a2, b0, b1, c1};
+  for (int k = 0; k < 5; k++) CHECK_OK(p->event_destroy(x, all[k]));
+  stash_sim_destroy(sim);
+}
+
 TEST(aliases_and_costs) {
   stash_sim_t* sim;
   CHECK_OK(stash_sim_create(1, 0, &sim));
@@ -331,6 +398,7 @@ int main(void) {
   RUN(freed_ranges_are_reused_lowest_first);
   RUN(placement_at_traced_addresses);
   RUN(illegal_calls_are_errors);
+  RUN(a_stream_wait_orders_the_waiting_streams_later_work_after_the_event);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);
   RUN(every_call_is_told_with_its_cost);

@@ -2,6 +2,7 @@
  * sizes follow from the rules in src/policy_stash.c's header comment; the comments derive
  * them. Every test ends with fx_close: the heap's invariants hold and, once it is destroyed,
  * the simulated device holds nothing. */
+#include <stddef.h>
 #include "fixture.h"
 
 #define S1 ((void*)0x1)
@@ -309,9 +310,11 @@ TEST(empty_cache_gives_back_a_small_block_whose_free_completes_in_it) {
   fx_close(&f);
 }
 
+/* Without stream waits (stream_waits:False; by default S2 would take a, waiting on the device:
+ * a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow). */
 TEST(other_stream_waits_for_an_event) {
   fixture_t f;
-  if (!fx_open(&f, "policy:stash", 0)) return;
+  if (!fx_open(&f, "policy:stash,stream_waits:False", 0)) return;
   void* keep = fx_alloc(&f, 1 * MiB + 512, S1);
   void* a = fx_alloc(&f, 3 * MiB, S1);
   void* after = fx_alloc(&f, 1 * MiB + 512, S1); /* a becomes a 3 MiB hole */
@@ -1590,6 +1593,86 @@ TEST(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates)
   fx_free(&f, live);
   fx_free(&f, keep);
   fx_close(&f);
+}
+
+/* S2 has allocated, and S1 has freed a 100 MiB block (returned) in an epoch still open: the
+ * block is S1's alone until an event after the free completes. *keep: free it at the end. */
+static void* a_block_s1_freed_just_now(fixture_t* f, void** keep) {
+  *keep = not_loading(f);
+  fx_free(f, fx_alloc(f, 4096, S2)); /* a second stream */
+  void* a = fx_alloc(f, 100 * MiB, S1);
+  fx_free(f, a);
+  return a;
+}
+
+/* A stream that asks for memory which only another stream's freed block fits, before that
+ * stream's work on it is known to be over, takes the block and waits for that work on the
+ * device (stream_waits): an event on the freeing stream, the asking stream made to wait for
+ * it, no growth, and the host waits for nothing. A wait that fails fails the request and
+ * changes nothing; the next request waits on the event recorded then, recording no other. */
+TEST(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep;
+  void* a = a_block_s1_freed_just_now(&f, &keep);
+  int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+  uint64_t records = stash_sim_calls(f.sim, STASH_CALL_event_record);
+  uint64_t syncs = stash_sim_calls(f.sim, STASH_CALL_event_synchronize) +
+                   stash_sim_calls(f.sim, STASH_CALL_stream_synchronize);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 0);
+  stash_sim_fail_nth(f.sim, STASH_CALL_stream_wait, 1, STASH_ERR_DRIVER);
+  stash_stats_t st = fx_stats(&f);
+  void* x = NULL;
+  CHECK_EQ(stash_heap_alloc(f.heap, 100 * MiB, S2, &x), STASH_ERR_DRIVER);
+  CHECK_STR_CONTAINS(stash_last_error(), "failed to make a stream wait for an event");
+  CHECK(x == NULL);
+  CHECK_OK(stash_heap_check(f.heap));
+  CHECK_EQ(fx_stats(&f).allocated_bytes[0].current, st.allocated_bytes[0].current);
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  x = fx_alloc(&f, 100 * MiB, S2);
+  CHECK_EQ(U(x), U(a));
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 2); /* failed, then made */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_record), records + 1); /* S1's epoch */
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_synchronize) +
+               stash_sim_calls(f.sim, STASH_CALL_stream_synchronize),
+           syncs);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, x);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
+/* Without waits - stream_waits:False, or a provider table of version 1, which has no
+ * stream_wait - the same request grows the heap: S1's block serves S2 once its event has
+ * completed. */
+TEST(without_stream_waits_another_streams_freed_block_waits_for_its_event) {
+  for (int v1 = 0; v1 < 2; v1++) {
+    fixture_t f;
+    if (!fx_open(&f, v1 ? "policy:stash" : "policy:stash,stream_waits:False", 0)) return;
+    if (v1) { /* the same device through a version 1 table */
+      CHECK_OK(stash_heap_destroy(f.heap));
+      stash_provider_t old = *stash_sim_provider(f.sim);
+      old.version = 1;
+      old.size = (uint32_t)offsetof(stash_provider_t, stream_wait);
+      old.stream_wait = NULL;
+      CHECK_OK(stash_heap_create(NULL, &old, 0, &f.heap));
+    }
+    void* keep;
+    void* a = a_block_s1_freed_just_now(&f, &keep);
+    int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+    void* x = fx_alloc(&f, 100 * MiB, S2);
+    CHECK(U(x) != U(a));
+    CHECK(STAT(&f, reserved_bytes, ALL, current) >= reserved + (int64_t)(100 * MiB));
+    CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 0);
+    fx_free(&f, x);
+    stash_sim_complete(f.sim, S1);
+    x = fx_alloc(&f, 100 * MiB, S2); /* S1's event has completed: its block is any stream's */
+    CHECK_EQ(U(x), U(a));
+    fx_free(&f, x);
+    fx_free(&f, keep);
+    fx_close(&f);
+  }
 }
 
 /* [a 100 MiB, S1's, freed and any stream's][x 8 MiB, S2's, live][c 100 MiB, S1's, live] after
@@ -3187,6 +3270,8 @@ int main(void) {
   RUN(a_second_stream_keeps_the_fates);
   RUN(a_stream_closes_its_own_epoch_while_a_side_stream_allocates);
   RUN(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates);
+  RUN(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow);
+  RUN(without_stream_waits_another_streams_freed_block_waits_for_its_event);
   RUN(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory);
   RUN(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);

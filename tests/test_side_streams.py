@@ -5,10 +5,12 @@ set: the three one-stream traces (gpt2_sidestream_train, which has its own side 
 left out) meet issue 4's targets with a side stream used once, with one making small
 requests every 2000 events, and with one taking a request of any size every 2000 events, as
 with one stream (before the forty-sixth session's rule that closes a stream's epoch every 32
-frees, resnet50_train reserved 120 MiB more with the last); where the side stream first
-allocates at event 2000, resnet50_train still reserves 120 MiB more (97.54%) and fails the
-memory target. Two builds side by side are compared; bad modes, sets and replays are
-refused.
+frees, resnet50_train reserved 120 MiB more with the last); and with one whose first request
+comes at event 2000 (before the forty-seventh session's stream waits resnet50_train reserved
+120 MiB more there, 97.54%, and failed the memory target: that request found all the main
+stream's freed memory waiting for an event, and grew; now it takes a freed block, waiting on
+the device, and reserves 6 MiB more than with one stream). Two builds side by side are
+compared; bad modes, sets and replays are refused.
 
   test_side_streams.py TOOL STASH_REPLAY
 """
@@ -66,7 +68,7 @@ def main():
         if p.returncode == 0:
             out = json.loads(p.stdout)
             check("traces", out["traces"], 3)
-            for mode, want in (("first", 3), ("small", 3), ("any", 3), ("late", 2)):
+            for mode, want in (("first", 3), ("small", 3), ("any", 3), ("late", 3)):
                 a, b = out["modes"][mode]
                 check("%s: traces meeting all three" % mode, a["all_three"], want)
                 check("%s: the second build alike" % mode,
@@ -76,7 +78,7 @@ def main():
                                                "resnet50_train.csv.gz"])
                 r = a["per_trace"]["resnet50_train.csv.gz"]
                 check("%s: resnet50_train's memory target" % mode, r["memory"], want == 3)
-            for mode, want in (("any", 6083837952), ("late", 6209667072)):
+            for mode, want in (("any", 6083837952), ("late", 6090129408)):
                 check("%s: resnet50_train's peak" % mode,
                       out["modes"][mode][0]["per_trace"]["resnet50_train.csv.gz"]["peak"], want)
             check("the rewritten traces kept",

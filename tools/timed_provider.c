@@ -90,6 +90,9 @@ static stash_status_t t_event_destroy(void* ctx, uint64_t event) {
 static stash_status_t t_stream_synchronize(void* ctx, int device, void* stream) {
   TIMED(stream_synchronize, 0, t->inner->stream_synchronize(t->inner->ctx, device, stream));
 }
+static stash_status_t t_stream_wait(void* ctx, int device, void* stream, uint64_t event) {
+  TIMED(stream_wait, 0, t->inner->stream_wait(t->inner->ctx, device, stream, event));
+}
 
 void timed_provider_init(timed_provider_t* t, const stash_provider_t* inner,
                          stash_sim_call_fn hook, void* hook_arg) {
@@ -121,5 +124,6 @@ void timed_provider_init(timed_provider_t* t, const stash_provider_t* inner,
   FORWARD(event_synchronize);
   FORWARD(event_destroy);
   FORWARD(stream_synchronize);
+  FORWARD(stream_wait);
 #undef FORWARD
 }
