@@ -473,52 +473,6 @@ static sb_block* highest_fit(sb_arena* a, size_t size, uint32_t slot) {
   return NULL;
 }
 
-/* ---- Waiting for another stream's work ---------------------------------------------------- */
-
-/* The best fitting free block of arena a that another stream than slot's freed and may still
- * be using (tagged with that stream's slot): the smallest, then the lowest; NULL if none. */
-static sb_block* others_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
-  sb_block* best = NULL;
-  a->key.size = size;
-  a->key.ptr = 0;
-  for (size_t k = 1; k <= s->nstreams; k++) {
-    if (k == slot) continue;
-    bs_node_t* n = _stash_bs_lower_bound(&a->by_size[k], &a->key.snode);
-    if (n && (!best || cmp_size(n, &best->snode) < 0)) best = FROM_SNODE(n);
-  }
-  return best;
-}
-
-/* Where no free block fits a request of stream slot `slot` but one another stream freed, whose
- * epoch is not known to be over (stream_waits, stash.h): an event on that stream after the
- * free - closing its epoch if it freed blocks since the last one, else its last event, which
- * follows that epoch's - and slot's stream made to wait for it on the device. *out: the block,
- * or NULL where there is none or the heap may not wait. On 405 traces given a side stream
- * (tools/side_streams.py), with one request of any size every 2000 events, issue 4's targets
- * hold on 331 with it and 265 without; from event 2000 on, 314 and 236 (docs/policy-stash.md,
- * "Forty-seventh session"). */
-static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
-                                 sb_block** out) {
-  sb_state* s = S(h);
-  *out = NULL;
-  if (s->nstreams < 2 || h->capturing || !h->conf.stream_waits || !h->prov.stream_wait)
-    return STASH_OK;
-  sb_block* b = others_fit(s, a, size, slot);
-  if (!b) return STASH_OK;
-  sb_stream* owner = &s->streams[b->tag];
-  uint64_t ev = 0;
-  if (owner->dirty || !_stash_events_last(&s->events, owner->stream, &ev)) {
-    stash_status_t st = epoch_close(h, b->tag);
-    if (st != STASH_OK) return st;
-    if (!_stash_events_last(&s->events, owner->stream, &ev))
-      return _stash_error(STASH_ERR_INVALID, "stash policy: a closed epoch has no event");
-  }
-  stash_status_t st = _STASH_PCALL(h, stream_wait, h->device, s->streams[slot].stream, ev);
-  if (st != STASH_OK) return _stash_prov_fail(h, st, "make a stream wait for an event");
-  *out = b;
-  return STASH_OK;
-}
-
 /* ---- Allocation and free ---------------------------------------------------------------------- */
 
 static stash_status_t release_cache(stash_heap_t* h);
@@ -660,6 +614,64 @@ static size_t large_piece(stash_heap_t* h, size_t size) {
   }
   if (size >= kHugeFrom) return piece_bytes(size, kLargePieceMax, kHugePieces, G);
   return piece_bytes(size, kLargePieceMax, kLargePieces, G);
+}
+
+/* ---- Waiting for another stream's work ---------------------------------------------------- */
+
+/* The free block of arena a that stream slot `slot` would take, in the memory other streams
+ * have freed and may still be using (tagged with their slots): in the large arena, the first
+ * other stream's block that turn replay's fallback would take (clear of where the allocations
+ * of the turn went one turn earlier), else its best fit (its free end last); in the small
+ * arena, the best fit of all. NULL if none fits. Called where no block any stream may use
+ * fits, so that only the other streams' own blocks are found. */
+static sb_block* others_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
+  sb_block* best = NULL;
+  if (!a->small) {
+    for (size_t k = 1; k <= s->nstreams && !best; k++) {
+      if (k == slot || !s->streams[k].thead) continue;
+      best = clear_fit(s, a, size, (uint32_t)k);
+      if (!best) best = best_fit(a, size, (uint32_t)k);
+    }
+    return best;
+  }
+  a->key.size = size;
+  a->key.ptr = 0;
+  for (size_t k = 1; k <= s->nstreams; k++) {
+    if (k == slot) continue;
+    bs_node_t* n = _stash_bs_lower_bound(&a->by_size[k], &a->key.snode);
+    if (n && (!best || cmp_size(n, &best->snode) < 0)) best = FROM_SNODE(n);
+  }
+  return best;
+}
+
+/* Where no free block fits a request of stream slot `slot` but one another stream freed, whose
+ * epoch is not known to be over (stream_waits, stash.h): an event on that stream after the
+ * free - closing its epoch if it freed blocks since the last one, else its last event, which
+ * follows that epoch's - and slot's stream made to wait for it on the device. *out: the block,
+ * or NULL where there is none or the heap may not wait. On 405 traces given a side stream
+ * (tools/side_streams.py), with one request of any size every 2000 events, issue 4's targets
+ * hold on 333 with it and 265 without; from event 2000 on, 320 and 236 (docs/policy-stash.md,
+ * "Forty-seventh session"). */
+static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
+                                 sb_block** out) {
+  sb_state* s = S(h);
+  *out = NULL;
+  if (s->nstreams < 2 || h->capturing || !h->conf.stream_waits || !h->prov.stream_wait)
+    return STASH_OK;
+  sb_block* b = others_fit(s, a, size, slot);
+  if (!b) return STASH_OK;
+  sb_stream* owner = &s->streams[b->tag];
+  uint64_t ev = 0;
+  if (owner->dirty || !_stash_events_last(&s->events, owner->stream, &ev)) {
+    stash_status_t st = epoch_close(h, b->tag);
+    if (st != STASH_OK) return st;
+    if (!_stash_events_last(&s->events, owner->stream, &ev))
+      return _stash_error(STASH_ERR_INVALID, "stash policy: a closed epoch has no event");
+  }
+  stash_status_t st = _STASH_PCALL(h, stream_wait, h->device, s->streams[slot].stream, ev);
+  if (st != STASH_OK) return _stash_prov_fail(h, st, "make a stream wait for an event");
+  *out = b;
+  return STASH_OK;
 }
 
 /* One placement of a request by the rules above; `pressed`: the device could not serve it as

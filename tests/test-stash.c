@@ -1643,6 +1643,34 @@ TEST(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_gr
   fx_close(&f);
 }
 
+/* The block a stream waits for is placed as its owner's own request would be: in the large
+ * arena the free end comes last, so S2's 90 MiB takes S1's 200 MiB hole, not S1's smaller free
+ * end, which a larger request of S1's would need (side-stream sets, any / late: 331 / 314 of
+ * 405 with the smallest fit, 333 / 320 so). */
+TEST(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  fx_free(&f, fx_alloc(&f, 4096, S2)); /* a second stream */
+  void* a = fx_alloc(&f, 200 * MiB, S1);
+  void* m = fx_alloc(&f, 8 * MiB, S1);
+  void* c = fx_alloc(&f, 100 * MiB, S1);
+  CHECK_EQ(U(m), U(a) + 200 * MiB);
+  CHECK_EQ(U(c), U(m) + 8 * MiB);
+  int64_t reserved = STAT(&f, reserved_bytes, LARGE, current);
+  CHECK(reserved - (int64_t)(U(c) + 100 * MiB - U(a)) < (int64_t)(200 * MiB - 100 * MiB));
+  fx_free(&f, a);
+  fx_free(&f, c); /* S1's free end: smaller than its hole */
+  void* x = fx_alloc(&f, 90 * MiB, S2);
+  CHECK_EQ(U(x), U(a));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), reserved);
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 1);
+  fx_free(&f, x);
+  fx_free(&f, m);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* Without waits - stream_waits:False, or a provider table of version 1, which has no
  * stream_wait - the same request grows the heap: S1's block serves S2 once its event has
  * completed. */
@@ -3271,6 +3299,7 @@ int main(void) {
   RUN(a_stream_closes_its_own_epoch_while_a_side_stream_allocates);
   RUN(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates);
   RUN(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow);
+  RUN(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last);
   RUN(without_stream_waits_another_streams_freed_block_waits_for_its_event);
   RUN(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory);
   RUN(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations);
