@@ -3,7 +3,8 @@
 # GPU check of policy:stash. Builds stash, runs the GPU tests (test-cuda: patterns through
 # stitched ranges, record_stream, out of memory, empty_cache measured by the driver), then
 # replays the four traces under policy:stash (and policy:pytorch, for comparison) on the GPU
-# with --driver-check and on the simulated device, and times the fast path there. Results go
+# with --driver-check and on the simulated device, times cuStreamWaitEvent (wait_probe.c) and
+# the fast path there. Results go
 # to $OUT/stash/ (and $OUT/stash.tar).
 # TRACES="a.csv.gz b.pickle.gz ..." replays those instead of the four shared traces (TRACES=all:
 # every recorded trace, the 413 that compare_policies.py scores);
@@ -17,6 +18,9 @@ STASH_GPU_TESTS=ON . tools/gpu/build.sh
 build-gpu/tests/test-cuda > "$R/test-cuda.log" 2>&1
 echo "test-cuda: exit $?"
 cat "$R/test-cuda.log" | head -40
+# the host time of cuStreamWaitEvent (policy:stash's stream_wait), beside cuEventRecord's
+cc -O2 -I/usr/local/cuda/include tools/gpu/wait_probe.c -L/usr/local/cuda/lib64/stubs -lcuda \
+  -o build-gpu/wait_probe && build-gpu/wait_probe | tee "$R/wait_probe.txt"
 : > "$R/replays.jsonl"
 [ "${TRACES:-}" = all ] &&
   TRACES="$(ls data/traces/*.csv.gz data/traces/more*/*.pickle.gz data/traces/*/*.csv.gz | sort -u)"
