@@ -158,6 +158,15 @@ STASH_API void stash_sim_complete(stash_sim_t* sim, void* stream);
 /* The same for every stream at once (one lock: a replay calls it after every event). */
 STASH_API void stash_sim_complete_all(stash_sim_t* sim);
 
+/* For checking that memory one stream freed reaches another only once that is safe: the
+ * point in `stream`'s work that everything queued on it so far ends at (0 if the stream
+ * cannot be tracked: out of host memory), and whether the work queued on stream `later` from
+ * now on runs after `stream`'s work up to `point` - because that work has completed, or
+ * `later` waits (stream_wait) for an event recorded on `stream` after it. */
+STASH_API uint64_t stash_sim_stream_point(stash_sim_t* sim, void* stream);
+STASH_API bool stash_sim_ordered_after(stash_sim_t* sim, void* stream, uint64_t point,
+                                       void* later);
+
 /* Until called again with 0: mem_alloc places each allocation at addr when that range is
  * free on the simulated device and outside its virtual-address region (else as the driver
  * would). For replaying a traced program's own driver layout: PyTorch breaks ties between

@@ -1063,7 +1063,15 @@ static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from) {
       if (first == STASH_OK) first = prov_fail(h, r, "synchronize a stream");
       continue; /* its blocks stay tagged, and so in use by that stream only */
     }
-    epoch_done(h, (uint32_t)k, UINT64_MAX >> 24);
+    /* every block it freed so far is free for all; those it frees from now on wait for an
+     * event again (the stream's epoch_done must stay below its epoch_next: at 2^40 - 1, as
+     * it was set here before the forty-seventh session, every small block the stream freed
+     * after an empty_cache went to other streams' requests at once, its work unfinished) */
+    sb_stream* sk = &s->streams[k];
+    epoch_done(h, (uint32_t)k, sk->epoch_next);
+    sk->epoch_next++;
+    sk->dirty = false;
+    sk->frees = 0;
   }
   for (sb_stitch* x = s->stitches; x;) {
     sb_stitch* next = x->next_st;

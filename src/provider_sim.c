@@ -81,6 +81,7 @@ typedef struct sim_stream_s {
   uint64_t completed; /* events recorded up to this one have completed */
   sim_wait_t* waits;  /* the stream_waits its incomplete work is behind */
   size_t nwaits, cap_waits;
+  uint64_t done_point; /* its work up to this point has completed (stash_sim_stream_point) */
 } sim_stream_t;
 
 typedef struct sim_event_s {
@@ -751,6 +752,9 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
 static void complete_to(stash_sim_t* s, int si, uint64_t seq, bool all) {
   sim_stream_t* st = &s->streams[si];
   if (seq > st->completed) st->completed = seq;
+  /* points: 2k is the work up to the k-th event, 2k + 1 all the work queued after it */
+  uint64_t point = all ? 2 * st->recorded + 1 : 2 * seq;
+  if (point > st->done_point) st->done_point = point;
   for (size_t i = 0; i < st->nwaits;) {
     sim_wait_t w = st->waits[i];
     if (!all && w.after >= seq) { /* queued after that event: not known to be done */
@@ -923,9 +927,31 @@ void stash_sim_complete_all(stash_sim_t* s) {
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->nstreams; i++) {
     s->streams[i].completed = s->streams[i].recorded;
+    s->streams[i].done_point = 2 * s->streams[i].recorded + 1;
     s->streams[i].nwaits = 0;
   }
   pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t stash_sim_stream_point(stash_sim_t* s, void* stream) {
+  pthread_mutex_lock(&s->lock);
+  int si = stream_index(s, stream);
+  uint64_t point = si >= 0 ? 2 * s->streams[si].recorded + 1 : 0;
+  pthread_mutex_unlock(&s->lock);
+  return point;
+}
+
+bool stash_sim_ordered_after(stash_sim_t* s, void* stream, uint64_t point, void* later) {
+  if (stream == later) return true;
+  pthread_mutex_lock(&s->lock);
+  int si = stream_index(s, stream), li = stream_index(s, later);
+  bool ordered = si >= 0 && s->streams[si].done_point >= point;
+  for (size_t i = 0; !ordered && li >= 0 && i < s->streams[li].nwaits; i++) {
+    const sim_wait_t* w = &s->streams[li].waits[i];
+    ordered = w->stream == si && 2 * w->seq >= point;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return ordered;
 }
 
 void stash_sim_place_at(stash_sim_t* sim, uint64_t addr) {

@@ -1671,6 +1671,31 @@ TEST(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last) {
   fx_close(&f);
 }
 
+/* empty_cache synchronizes a stream whose freed blocks wait for an event: they are free for
+ * all then - but what the stream frees afterwards waits for an event again. Before the
+ * forty-seventh session the stream's epochs were all marked over for good, and a small block
+ * it freed after an empty_cache was any stream's at once (the random loops' cross-stream check
+ * found it). */
+TEST(after_empty_cache_a_streams_freed_block_still_waits_for_its_event) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash,stream_waits:False", 0)) return;
+  void* x = fx_alloc(&f, 4096, S1);
+  fx_free(&f, fx_alloc(&f, 4096, S2)); /* a second stream */
+  fx_free(&f, x); /* S1's until an event after it completes */
+  CHECK_OK(stash_heap_empty_cache(f.heap)); /* synchronizes S1 */
+  CHECK(stash_sim_calls(f.sim, STASH_CALL_stream_synchronize) >= 1);
+  void* a = fx_alloc(&f, 4096, S1);
+  fx_free(&f, a); /* kept for the next request of its size, S1's for now */
+  void* b = fx_alloc(&f, 4096, S2);
+  CHECK(b != a);
+  stash_sim_complete(f.sim, S1);
+  void* c = fx_alloc(&f, 4096, S1); /* S1 itself may take it at any time */
+  CHECK(c == a);
+  fx_free(&f, b);
+  fx_free(&f, c);
+  fx_close(&f);
+}
+
 /* Without waits - stream_waits:False, or a provider table of version 1, which has no
  * stream_wait - the same request grows the heap: S1's block serves S2 once its event has
  * completed. */
@@ -3059,6 +3084,63 @@ static void live_blocks_sound(fixture_t* f, void* const* live, const size_t* siz
   }
 }
 
+/* Memory freed on a stream - its physical bytes, however they are mapped, and the point its
+ * work had reached - for checking that another stream gets it only once that work has
+ * completed or the other stream waits for it (stash_sim_ordered_after). The last kFreed
+ * pieces freed. */
+enum { kFreed = 1024 };
+typedef struct freed_s {
+  struct {
+    uint64_t phys;
+    size_t len;
+    void* stream;
+    uint64_t point;
+  } v[kFreed];
+  size_t n;
+} freed_t;
+
+static void freed_note(fixture_t* f, freed_t* fr, void* ptr, size_t size, void* stream,
+                       uint64_t point) {
+  for (size_t off = 0; off < size;) {
+    uint64_t phys = 0;
+    size_t run = stash_sim_translate(f->sim, 0, U(ptr) + off, size - off, &phys);
+    if (!run) break;
+    size_t k = fr->n++ % kFreed;
+    fr->v[k].phys = phys;
+    fr->v[k].len = run;
+    fr->v[k].stream = stream;
+    fr->v[k].point = point;
+    off += run;
+  }
+}
+
+/* ptr, of `size` bytes, just given to `stream`: no byte of it that another stream freed may
+ * still be in use there as far as `stream`'s work is concerned. */
+static void freed_check(fixture_t* f, const freed_t* fr, void* ptr, size_t size, void* stream) {
+  size_t n = fr->n < kFreed ? fr->n : kFreed;
+  for (size_t off = 0; off < size;) {
+    uint64_t phys = 0;
+    size_t run = stash_sim_translate(f->sim, 0, U(ptr) + off, size - off, &phys);
+    if (!run) break;
+    for (size_t k = 0; k < n; k++) {
+      if (fr->v[k].stream == stream || fr->v[k].phys >= phys + run ||
+          phys >= fr->v[k].phys + fr->v[k].len)
+        continue;
+      if (!stash_sim_ordered_after(f->sim, fr->v[k].stream, fr->v[k].point, stream)) {
+        if (getenv("STASH_FREED_VERBOSE"))
+          fprintf(stderr, "block %p+%zu to stream %p: bytes stream %p freed at point %llu "
+                  "(record %zu of %zu), stream point now %llu\n", ptr, size, stream,
+                  fr->v[k].stream, (unsigned long long)fr->v[k].point, k, fr->n,
+                  (unsigned long long)stash_sim_stream_point(f->sim, fr->v[k].stream));
+        CHECK(!"memory another stream freed, handed out before that stream's work is known "
+               "to be over");
+        return;
+      }
+    }
+    off += run;
+  }
+}
+
 static uint64_t rnd_state = 88172645463325252ull;
 static uint64_t rnd(void) { return th_random(&rnd_state); }
 
@@ -3077,6 +3159,10 @@ TEST(random_operations_keep_the_heap_consistent) {
   enum { kLive = 96 };
   void* live[kLive] = {0};
   size_t sizes[kLive] = {0};
+  void* owner[kLive] = {0};
+  unsigned used[kLive] = {0}; /* record_stream's streams, a bit each */
+  static freed_t fr;
+  fr.n = 0;
   void* streams[3] = {S1, S2, (void*)0x3};
   static const size_t menu[] = {512, 4096, 100000, 1 * MiB, 1 * MiB + 512, 3 * MiB, 9 * MiB,
                                 20 * MiB, 50 * MiB, 70 * MiB, 130 * MiB, 300 * MiB};
@@ -3084,7 +3170,12 @@ TEST(random_operations_keep_the_heap_consistent) {
     size_t i = (size_t)(rnd() % kLive);
     uint64_t r = rnd() % 100;
     if (live[i] && r < 45) {
+      uint64_t points[3]; /* where each stream's work was when the block was freed */
+      for (int k = 0; k < 3; k++) points[k] = stash_sim_stream_point(f.sim, streams[k]);
       fx_free(&f, live[i]);
+      for (int k = 0; k < 3; k++)
+        if (streams[k] == owner[i] || used[i] >> k & 1)
+          freed_note(&f, &fr, live[i], sizes[i], streams[k], points[k]);
       live[i] = NULL;
     } else if (!live[i] && r < 90) {
       size_t size = menu[rnd() % (sizeof menu / sizeof menu[0])] + (size_t)(rnd() % 4) * 512;
@@ -3095,9 +3186,14 @@ TEST(random_operations_keep_the_heap_consistent) {
       if (rc == STASH_OK) {
         live[i] = ptr;
         sizes[i] = size;
+        owner[i] = st;
+        used[i] = 0;
+        freed_check(&f, &fr, ptr, size, st);
       }
     } else if (live[i] && r < 93) {
-      CHECK_OK(stash_heap_record_stream(f.heap, live[i], streams[rnd() % 3]));
+      int other = (int)(rnd() % 3);
+      CHECK_OK(stash_heap_record_stream(f.heap, live[i], streams[other]));
+      used[i] |= 1u << other;
     } else if (r < 98) {
       stash_sim_complete(f.sim, streams[rnd() % 3]);
     } else {
@@ -3158,6 +3254,10 @@ static bool random_loop(uint64_t seed, uint64_t* injected) {
   void* streams[2] = {S1, S2};
   void* live[kSlots] = {0};
   size_t sizes[kSlots] = {0};
+  void* owner[kSlots] = {0};
+  void* used[kSlots] = {0}; /* record_stream's other stream, if any */
+  static freed_t fr;
+  fr.n = 0;
   int ops = 0;
   for (int t = 0; t < 12 && th_failures == failures_before; t++) {
     if (th_random(&r) % 6 == 0) CHECK(stash_heap_empty_cache(f.heap) == STASH_OK || faults);
@@ -3165,9 +3265,14 @@ static bool random_loop(uint64_t seed, uint64_t* injected) {
       int i = turn[k].slot;
       if (live[i]) {
         stash_stats_t before = fx_stats(&f);
+        uint64_t p1 = stash_sim_stream_point(f.sim, S1), p2 = stash_sim_stream_point(f.sim, S2);
         stash_status_t rc = stash_heap_free(f.heap, live[i]);
         CHECK(rc == STASH_OK || faults);
-        if (rc == STASH_OK) live[i] = NULL;
+        if (rc == STASH_OK) {
+          freed_note(&f, &fr, live[i], sizes[i], owner[i], owner[i] == S1 ? p1 : p2);
+          if (used[i]) freed_note(&f, &fr, live[i], sizes[i], used[i], used[i] == S1 ? p1 : p2);
+          live[i] = NULL;
+        }
         else CHECK_EQ(fx_stats(&f).allocation[0].current, before.allocation[0].current);
       }
       if (turn[k].alloc && !live[i]) {
@@ -3181,9 +3286,14 @@ static bool random_loop(uint64_t seed, uint64_t* injected) {
         if (rc == STASH_OK) {
           live[i] = ptr;
           sizes[i] = size;
-          if (two_streams && th_random(&r) % 8 == 0)
-            CHECK(stash_heap_record_stream(f.heap, ptr, streams[st == streams[0]]) == STASH_OK ||
-                  faults);
+          owner[i] = st;
+          used[i] = NULL;
+          freed_check(&f, &fr, ptr, size, st);
+          if (two_streams && th_random(&r) % 8 == 0) {
+            rc = stash_heap_record_stream(f.heap, ptr, streams[st == streams[0]]);
+            CHECK(rc == STASH_OK || faults);
+            if (rc == STASH_OK) used[i] = streams[st == streams[0]];
+          }
         } else {
           stash_stats_t after = fx_stats(&f);
           CHECK(ptr == NULL);
@@ -3301,6 +3411,7 @@ int main(void) {
   RUN(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow);
   RUN(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last);
   RUN(without_stream_waits_another_streams_freed_block_waits_for_its_event);
+  RUN(after_empty_cache_a_streams_freed_block_still_waits_for_its_event);
   RUN(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory);
   RUN(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
