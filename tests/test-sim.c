@@ -258,6 +258,41 @@ TEST(a_stream_wait_orders_the_waiting_streams_later_work_after_the_event) {
   stash_sim_destroy(sim);
 }
 
+/* stash_sim_stream_point / stash_sim_ordered_after: B's later work follows A's work up to a
+ * point once that work has completed or B waits for an event A recorded after it. */
+TEST(ordered_after_follows_completion_and_waits) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  void *A = (void*)7, *B = (void*)8;
+  uint64_t e1, e2;
+  CHECK_OK(p->event_create(x, 0, &e1));
+  CHECK_OK(p->event_create(x, 0, &e2));
+  CHECK_OK(p->event_record(x, 0, e1, A));
+  uint64_t pt = stash_sim_stream_point(sim, A); /* after e1 */
+  CHECK(stash_sim_ordered_after(sim, A, pt, A));  /* a stream's own work: in order */
+  CHECK(!stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_OK(p->stream_wait(x, 0, B, e1)); /* e1 was recorded before the point */
+  CHECK(!stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_OK(p->event_record(x, 0, e2, A));
+  CHECK_OK(p->stream_wait(x, 0, B, e2)); /* e2 after it */
+  CHECK(stash_sim_ordered_after(sim, A, pt, B));
+  CHECK(!stash_sim_ordered_after(sim, A, stash_sim_stream_point(sim, A), B));
+  stash_sim_complete(sim, A); /* everything A queued: every point so far */
+  CHECK(stash_sim_ordered_after(sim, A, stash_sim_stream_point(sim, A), B));
+  CHECK_OK(p->event_record(x, 0, e1, A));
+  pt = stash_sim_stream_point(sim, A);
+  CHECK(!stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_OK(p->event_synchronize(x, e1)); /* up to e1, recorded before the point: not enough */
+  CHECK(!stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_OK(p->stream_synchronize(x, 0, A));
+  CHECK(stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_OK(p->event_destroy(x, e1));
+  CHECK_OK(p->event_destroy(x, e2));
+  stash_sim_destroy(sim);
+}
+
 TEST(aliases_and_costs) {
   stash_sim_t* sim;
   CHECK_OK(stash_sim_create(1, 0, &sim));
@@ -399,6 +434,7 @@ int main(void) {
   RUN(placement_at_traced_addresses);
   RUN(illegal_calls_are_errors);
   RUN(a_stream_wait_orders_the_waiting_streams_later_work_after_the_event);
+  RUN(ordered_after_follows_completion_and_waits);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);
   RUN(every_call_is_told_with_its_cost);
