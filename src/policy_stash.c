@@ -618,6 +618,31 @@ static size_t large_piece(stash_heap_t* h, size_t size) {
 
 /* ---- Waiting for another stream's work ---------------------------------------------------- */
 
+/* Whether a request may wait on the device for another stream's work (stream_waits, stash.h). */
+static bool may_wait(const stash_heap_t* h) {
+  return S((stash_heap_t*)h)->nstreams >= 2 && !h->capturing && h->conf.stream_waits &&
+         h->prov.stream_wait;
+}
+
+/* Make stream slot `slot` wait on the device for stream slot `owner`'s work so far: an event on
+ * owner's stream after every block it has freed - closing its epoch if it freed blocks since
+ * the last close, else the last event it queued on that stream, which follows that close -
+ * and cuStreamWaitEvent. */
+static stash_status_t wait_for_owner(stash_heap_t* h, uint32_t slot, uint32_t owner) {
+  sb_state* s = S(h);
+  sb_stream* o = &s->streams[owner];
+  uint64_t ev = 0;
+  if (o->dirty || !_stash_events_last(&s->events, o->stream, &ev)) {
+    stash_status_t st = epoch_close(h, owner);
+    if (st != STASH_OK) return st;
+    if (!_stash_events_last(&s->events, o->stream, &ev))
+      return _stash_error(STASH_ERR_INVALID, "stash policy: a closed epoch has no event");
+  }
+  stash_status_t st = _STASH_PCALL(h, stream_wait, h->device, s->streams[slot].stream, ev);
+  if (st != STASH_OK) return _stash_prov_fail(h, st, "make a stream wait for an event");
+  return STASH_OK;
+}
+
 /* The free block of arena a that stream slot `slot` would take, in the memory other streams
  * have freed and may still be using (tagged with their slots): in the large arena, the first
  * other stream's block that turn replay's fallback would take (clear of where the allocations
@@ -645,10 +670,9 @@ static sb_block* others_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot
 }
 
 /* Where no free block fits a request of stream slot `slot` but one another stream freed, whose
- * epoch is not known to be over (stream_waits, stash.h): an event on that stream after the
- * free - closing its epoch if it freed blocks since the last one, else its last event, which
- * follows that epoch's - and slot's stream made to wait for it on the device. *out: the block,
- * or NULL where there is none or the heap may not wait. On 405 traces given a side stream
+ * epoch is not known to be over (stream_waits, stash.h): that block (others_fit), slot's
+ * stream made to wait for its owner's work (wait_for_owner). *out: the block, or NULL where
+ * there is none or the heap may not wait. On 405 traces given a side stream
  * (tools/side_streams.py), with one request of any size every 2000 events, issue 4's targets
  * hold on 333 with it and 265 without; from event 2000 on, 320 and 236 (docs/policy-stash.md,
  * "Forty-seventh session"). */
@@ -656,20 +680,11 @@ static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint
                                  sb_block** out) {
   sb_state* s = S(h);
   *out = NULL;
-  if (s->nstreams < 2 || h->capturing || !h->conf.stream_waits || !h->prov.stream_wait)
-    return STASH_OK;
+  if (!may_wait(h)) return STASH_OK;
   sb_block* b = others_fit(s, a, size, slot);
   if (!b) return STASH_OK;
-  sb_stream* owner = &s->streams[b->tag];
-  uint64_t ev = 0;
-  if (owner->dirty || !_stash_events_last(&s->events, owner->stream, &ev)) {
-    stash_status_t st = epoch_close(h, b->tag);
-    if (st != STASH_OK) return st;
-    if (!_stash_events_last(&s->events, owner->stream, &ev))
-      return _stash_error(STASH_ERR_INVALID, "stash policy: a closed epoch has no event");
-  }
-  stash_status_t st = _STASH_PCALL(h, stream_wait, h->device, s->streams[slot].stream, ev);
-  if (st != STASH_OK) return _stash_prov_fail(h, st, "make a stream wait for an event");
+  stash_status_t st = wait_for_owner(h, slot, b->tag);
+  if (st != STASH_OK) return st;
   *out = b;
   return STASH_OK;
 }
