@@ -674,8 +674,10 @@ static sb_block* others_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot
  * stream made to wait for its owner's work (wait_for_owner). *out: the block, or NULL where
  * there is none or the heap may not wait. On 405 traces given a side stream
  * (tools/side_streams.py), with one request of any size every 2000 events, issue 4's targets
- * hold on 333 with it and 265 without; from event 2000 on, 320 and 236 (docs/policy-stash.md,
- * "Forty-seventh session"). */
+ * hold on 332 with it and 265 without; from event 2000 on, 330 and 236 (docs/policy-stash.md,
+ * "Forty-seventh session"). A large request tries it before memory empty_cache gave back and
+ * before stitching (driver calls both); a small one only before the small arena grows, after
+ * the large arena's free memory. */
 static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
                                  sb_block** out) {
   sb_state* s = S(h);
@@ -734,7 +736,7 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
   }
   if (a->small && a->nranged) b = ranged_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
-  if (!b) { /* another stream's freed block, waiting on the device for its work there */
+  if (!b && !a->small) { /* another stream's freed block, waiting for its work there */
     stash_status_t r = waited_fit(h, a, size, slot, &b);
     if (r != STASH_OK) return r;
   }
@@ -778,6 +780,13 @@ grow:
     if (!b && s->ncached) { /* merge the cached blocks before growing */
       cache_flush(s);
       b = best_fit(a, size, slot);
+    }
+    /* another stream's freed block, waiting for its work there: the last resort before the
+     * small arena grows */
+    for (int i = 0; i < 2 && !b; i++) {
+      stash_status_t r = waited_fit(h, &s->arenas[i], size, slot, &b);
+      if (r != STASH_OK) return r;
+      if (b) a = &s->arenas[i];
     }
   }
   if (!b) {

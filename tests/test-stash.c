@@ -1696,6 +1696,40 @@ TEST(after_empty_cache_a_streams_freed_block_still_waits_for_its_event) {
   fx_close(&f);
 }
 
+/* A small request waits for another stream's block only where nothing else would serve it
+ * short of growing: memory it may use in the large arena comes first. S1's freed 1 MiB block
+ * is the small arena's only fit for S2's 1 MiB request; the large arena has S2's own freed
+ * 12 MiB: S2 takes that, with no wait (side-stream sets, `late`: 320 of 405 with the wait
+ * first, 330 so). */
+TEST(a_small_request_waits_for_another_streams_block_only_before_growing) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f);
+  void* small[64];
+  int n = 0; /* the small arena filled with S1's 1 MiB blocks */
+  while (n < 64) {
+    small[n++] = fx_alloc(&f, 1 * MiB, S1);
+    if (STAT(&f, reserved_bytes, SMALL, current) - STAT(&f, allocated_bytes, SMALL, current) <
+        (int64_t)(1 * MiB))
+      break;
+  }
+  CHECK(n < 64);
+  void* a = fx_alloc(&f, 12 * MiB, S2);
+  void* b = fx_alloc(&f, 12 * MiB, S1);
+  fx_free(&f, a); /* S2's own */
+  fx_free(&f, small[--n]); /* S1's, its epoch open: the small arena's only 1 MiB fit */
+  int64_t reserved = STAT(&f, reserved_bytes, ALL, current);
+  void* x = fx_alloc(&f, 1 * MiB, S2);
+  CHECK_EQ(U(x), U(a));
+  CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 0);
+  CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  fx_free(&f, x);
+  while (n) fx_free(&f, small[--n]);
+  fx_free(&f, b);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* Without waits - stream_waits:False, or a provider table of version 1, which has no
  * stream_wait - the same request grows the heap: S1's block serves S2 once its event has
  * completed. */
@@ -3410,6 +3444,7 @@ int main(void) {
   RUN(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates);
   RUN(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow);
   RUN(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last);
+  RUN(a_small_request_waits_for_another_streams_block_only_before_growing);
   RUN(without_stream_waits_another_streams_freed_block_waits_for_its_event);
   RUN(after_empty_cache_a_streams_freed_block_still_waits_for_its_event);
   RUN(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory);
