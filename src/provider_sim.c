@@ -32,10 +32,11 @@
 #define SIM_VA_LIMIT 0x400000000000ULL
 #define SIM_ALLOC_BASE 0x7f0000000000ULL /* mem_alloc: the driver-like layout below this */
 #define SIM_CHUNK (32ULL << 20)          /* the driver's chunk granularity */
-/* cuStreamWaitEvent's host time: 0.45 us with the event pending behind other work (the case
- * policy:stash makes), 0.34 us with it complete (tools/gpu/wait_probe.c, medians of 2001, on
- * an H100 where cuEventRecord took 0.37-0.44 us against the H200's 0.20: not scaled) */
-#define SIM_STREAM_WAIT_US 0.45
+/* cuStreamWaitEvent's host time, as cuEventRecord's (0.20 us on the H200 of this table):
+ * tools/gpu/wait_probe.c (medians of 2001) on two H100 machines found it 0.8-1.2 times
+ * cuEventRecord's on the same machine - 0.34-0.45 us against 0.37-0.44 on one, 0.15-0.18
+ * against 0.16-0.18 on the other (docs/results/gpu-check-47.md) */
+#define SIM_STREAM_WAIT_US 0.20
 
 typedef struct range_s {
   uint64_t start;
