@@ -122,8 +122,8 @@ STASH_API void stash_conf_init(stash_conf_t* conf);
  * "key:value,key:[a:b,c:d]". Keys: policy (stash|pytorch), max_split_size_mb,
  * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
  * garbage_collection_threshold, per_process_memory_fraction, expandable_segments
- * (True/False), max_piece_size_mb and stream_waits (True/False) (policy:stash); and, so that a PYTORCH_CUDA_ALLOC_CONF can
- * be reused as it is, backend (only "native") and release_lock_on_cudamalloc (True/False, checked, no effect: stash
+ * (True/False), max_piece_size_mb and stream_waits (True/False) (policy:stash); and, so
+ * that a PYTORCH_CUDA_ALLOC_CONF can be reused as it is, backend (only "native") and release_lock_on_cudamalloc (True/False, checked, no effect: stash
  * holds its heap's lock across driver calls either way). Keys are applied on top of conf's current values, then the result is
  * checked as a whole (so "expandable_segments:True,policy:pytorch" is as good as the other
  * order, and "expandable_segments:True" alone is refused: policy:stash); NULL or "" changes

@@ -368,6 +368,13 @@ static bool others_active(const sb_state* s, size_t k) {
   return false;
 }
 
+/* Stream st's blocks freed from now on belong to its next epoch. */
+static void epoch_advance(sb_stream* st) {
+  st->epoch_next++;
+  st->dirty = false;
+  st->frees = 0;
+}
+
 /* Close stream slot k's epoch: an event on it, after which its blocks freed so far are free
  * for every stream. */
 static stash_status_t epoch_close(stash_heap_t* h, size_t k) {
@@ -376,9 +383,7 @@ static stash_status_t epoch_close(stash_heap_t* h, size_t k) {
   stash_status_t r = _stash_events_record(h, &s->events, &st->stream, 1,
                                           epoch_marker((uint32_t)k, st->epoch_next));
   if (r != STASH_OK) return r;
-  st->epoch_next++;
-  st->dirty = false;
-  st->frees = 0;
+  epoch_advance(st);
   return STASH_OK;
 }
 
@@ -651,20 +656,12 @@ static stash_status_t wait_for_owner(stash_heap_t* h, uint32_t slot, uint32_t ow
  * fits, so that only the other streams' own blocks are found. */
 static sb_block* others_fit(sb_state* s, sb_arena* a, size_t size, uint32_t slot) {
   sb_block* best = NULL;
-  if (!a->small) {
-    for (size_t k = 1; k <= s->nstreams && !best; k++) {
-      if (k == slot || !s->streams[k].thead) continue;
-      best = clear_fit(s, a, size, (uint32_t)k);
-      if (!best) best = best_fit(a, size, (uint32_t)k);
-    }
-    return best;
-  }
-  a->key.size = size;
-  a->key.ptr = 0;
   for (size_t k = 1; k <= s->nstreams; k++) {
-    if (k == slot) continue;
-    bs_node_t* n = _stash_bs_lower_bound(&a->by_size[k], &a->key.snode);
-    if (n && (!best || cmp_size(n, &best->snode) < 0)) best = FROM_SNODE(n);
+    if (k == slot || !s->streams[k].thead) continue;
+    sb_block* b = a->small ? NULL : clear_fit(s, a, size, (uint32_t)k);
+    if (!b) b = best_fit(a, size, (uint32_t)k);
+    if (b && !a->small) return b;
+    if (b && (!best || cmp_size(&b->snode, &best->snode) < 0)) best = b;
   }
   return best;
 }
@@ -1091,11 +1088,8 @@ static stash_status_t release_cache_keep(stash_heap_t* h, size_t keep_from) {
      * event again (the stream's epoch_done must stay below its epoch_next: at 2^40 - 1, as
      * it was set here before the forty-seventh session, every small block the stream freed
      * after an empty_cache went to other streams' requests at once, its work unfinished) */
-    sb_stream* sk = &s->streams[k];
-    epoch_done(h, (uint32_t)k, sk->epoch_next);
-    sk->epoch_next++;
-    sk->dirty = false;
-    sk->frees = 0;
+    epoch_done(h, (uint32_t)k, s->streams[k].epoch_next);
+    epoch_advance(&s->streams[k]);
   }
   for (sb_stitch* x = s->stitches; x;) {
     sb_stitch* next = x->next_st;

@@ -81,10 +81,11 @@ typedef struct sim_wait_s {
 typedef struct sim_stream_s {
   void* stream;
   uint64_t recorded;  /* events recorded so far */
-  uint64_t completed; /* events recorded up to this one have completed */
+  /* its work up to this point has completed: 2k is the work up to its k-th event, 2k + 1 all
+   * the work queued after it (stash_sim_stream_point) */
+  uint64_t done_point;
   sim_wait_t* waits;  /* the stream_waits its incomplete work is behind */
   size_t nwaits, cap_waits;
-  uint64_t done_point; /* its work up to this point has completed (stash_sim_stream_point) */
 } sim_stream_t;
 
 typedef struct sim_event_s {
@@ -754,8 +755,6 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
  * of other streams it waited for, and theirs in turn. */
 static void complete_to(stash_sim_t* s, int si, uint64_t seq, bool all) {
   sim_stream_t* st = &s->streams[si];
-  if (seq > st->completed) st->completed = seq;
-  /* points: 2k is the work up to the k-th event, 2k + 1 all the work queued after it */
   uint64_t point = all ? 2 * st->recorded + 1 : 2 * seq;
   if (point > st->done_point) st->done_point = point;
   for (size_t i = 0; i < st->nwaits;) {
@@ -771,7 +770,7 @@ static void complete_to(stash_sim_t* s, int si, uint64_t seq, bool all) {
 }
 
 static bool event_done(const stash_sim_t* s, const sim_event_t* e) {
-  return e->stream < 0 || s->streams[e->stream].completed >= e->seq;
+  return e->stream < 0 || s->streams[e->stream].done_point >= 2 * e->seq;
 }
 
 static stash_status_t sim_event_query(void* ctx, uint64_t event) {
@@ -929,7 +928,6 @@ void stash_sim_complete(stash_sim_t* s, void* stream) {
 void stash_sim_complete_all(stash_sim_t* s) {
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->nstreams; i++) {
-    s->streams[i].completed = s->streams[i].recorded;
     s->streams[i].done_point = 2 * s->streams[i].recorded + 1;
     s->streams[i].nwaits = 0;
   }
