@@ -37,6 +37,12 @@ extern "C" {
   X(num_device_alloc, "provider allocations (segments allocated or ranges mapped)")         \
   X(num_device_free, "provider frees (segments freed or ranges unmapped)")
 
+/* stash's own counters, beyond torch.cuda.memory_stats(): after max_split_size in the struct,
+ * so that a caller built against version 1 still gets its prefix (STASH_STATS_VERSION 2) */
+#define STASH_STAT_STASH_COUNTERS(X)                                                         \
+  X(num_stream_waits, "waits made on the device for another stream's work, to give a request "\
+                      "a block that stream freed (stream_waits)")
+
 enum { STASH_STAT_ALL = 0, STASH_STAT_SMALL = 1, STASH_STAT_LARGE = 2, STASH_STAT_NTYPES = 3 };
 
 typedef struct stash_stat_s {
@@ -46,7 +52,9 @@ typedef struct stash_stat_s {
   int64_t freed;     /* total removed since the last accumulated reset */
 } stash_stat_t;
 
-#define STASH_STATS_VERSION 1
+/* 1: PyTorch's statistics; 2: STASH_STAT_STASH_COUNTERS added at the end. A struct of
+ * version 1's size (offsetof(stash_stats_t, num_stream_waits)) is still read and filled. */
+#define STASH_STATS_VERSION 2
 
 typedef struct stash_stats_s {
   uint32_t size;    /* sizeof(stash_stats_t), set by the caller */
@@ -61,6 +69,9 @@ typedef struct stash_stats_s {
   STASH_STAT_COUNTERS(STASH_X_)
 #undef STASH_X_
   int64_t max_split_size; /* the configured max_split_size in bytes (SIZE_MAX as int64: -1) */
+#define STASH_X_(name, doc) int64_t name;
+  STASH_STAT_STASH_COUNTERS(STASH_X_)
+#undef STASH_X_
 } stash_stats_t;
 
 #ifdef __cplusplus

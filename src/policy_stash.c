@@ -684,6 +684,7 @@ static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint
   if (!b) return STASH_OK;
   stash_status_t st = wait_for_owner(h, slot, b->tag);
   if (st != STASH_OK) return st;
+  h->stats.num_stream_waits++;
   *out = b;
   return STASH_OK;
 }

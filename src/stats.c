@@ -61,6 +61,7 @@ void _stash_stats_reset_accumulated(stash_stats_t* s) {
 #undef STASH_X_
 #define STASH_X_(name, doc) s->name = 0;
   STASH_STAT_COUNTERS(STASH_X_)
+  STASH_STAT_STASH_COUNTERS(STASH_X_)
 #undef STASH_X_
 }
 
@@ -108,12 +109,26 @@ static size_t collect(const stash_stats_t* s, kv_t* kv) {
 #undef STASH_X_
   snprintf(kv[n].key, sizeof kv[n].key, "max_split_size");
   kv[n++].value = s->max_split_size;
+#define STASH_X_(name, doc)                          \
+  snprintf(kv[n].key, sizeof kv[n].key, "%s", #name); \
+  kv[n++].value = s->name;
+  STASH_STAT_STASH_COUNTERS(STASH_X_)
+#undef STASH_X_
 #undef ADD_STAT
   qsort(kv, n, sizeof *kv, kv_cmp);
   return n;
 }
 
 size_t stash_stats_json(const stash_stats_t* stats, char* buf, size_t n) {
+  /* A struct of an older version (a smaller size, stash_heap_stats filled a prefix of it):
+   * the fields it lacks read as 0. A size under the first statistic's offset is taken as
+   * unset: the whole struct. */
+  stash_stats_t whole;
+  if (stats->size >= offsetof(stash_stats_t, allocation) && stats->size < sizeof whole) {
+    memset(&whole, 0, sizeof whole);
+    memcpy(&whole, stats, stats->size);
+    stats = &whole;
+  }
   kv_t kv[KV_MAX];
   size_t count = collect(stats, kv);
   size_t len = 0;

@@ -1629,10 +1629,14 @@ TEST(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_gr
   CHECK_OK(stash_heap_check(f.heap));
   CHECK_EQ(fx_stats(&f).allocated_bytes[0].current, st.allocated_bytes[0].current);
   CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(fx_stats(&f).num_stream_waits, 0); /* counted once made */
   x = fx_alloc(&f, 100 * MiB, S2);
   CHECK_EQ(U(x), U(a));
   CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 2); /* failed, then made */
+  CHECK_EQ(fx_stats(&f).num_stream_waits, 1);
+  CHECK_OK(stash_heap_reset_accumulated_stats(f.heap)); /* a counter: reset with the totals */
+  CHECK_EQ(fx_stats(&f).num_stream_waits, 0);
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_record), records + 1); /* S1's epoch */
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_event_synchronize) +
                stash_sim_calls(f.sim, STASH_CALL_stream_synchronize),
@@ -1665,6 +1669,7 @@ TEST(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last) {
   CHECK_EQ(U(x), U(a));
   CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), reserved);
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 1);
+  CHECK_EQ(fx_stats(&f).num_stream_waits, 1);
   fx_free(&f, x);
   fx_free(&f, m);
   fx_free(&f, keep);
@@ -1723,6 +1728,7 @@ TEST(a_small_request_waits_for_another_streams_block_only_before_growing) {
   CHECK_EQ(U(x), U(a));
   CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 0);
   CHECK_EQ(STAT(&f, reserved_bytes, ALL, current), reserved);
+  CHECK_EQ(fx_stats(&f).num_stream_waits, 0);
   fx_free(&f, x);
   while (n) fx_free(&f, small[--n]);
   fx_free(&f, b);
@@ -1752,6 +1758,7 @@ TEST(without_stream_waits_another_streams_freed_block_waits_for_its_event) {
     CHECK(U(x) != U(a));
     CHECK(STAT(&f, reserved_bytes, ALL, current) >= reserved + (int64_t)(100 * MiB));
     CHECK_EQ(stash_sim_calls(f.sim, STASH_CALL_stream_wait), 0);
+    CHECK_EQ(fx_stats(&f).num_stream_waits, 0);
     fx_free(&f, x);
     stash_sim_complete(f.sim, S1);
     x = fx_alloc(&f, 100 * MiB, S2); /* S1's event has completed: its block is any stream's */

@@ -23,9 +23,9 @@ static const char* const k_arrays[9] = {
 static const char* const k_pools[3] = {"all", "small_pool", "large_pool"};
 static const int k_pool_index[3] = {STASH_STAT_ALL, STASH_STAT_SMALL, STASH_STAT_LARGE};
 static const char* const k_fields[4] = {"current", "peak", "allocated", "freed"};
-static const char* const k_counters[5] = {"num_alloc_retries", "num_ooms",
+static const char* const k_counters[6] = {"num_alloc_retries", "num_ooms",
                                           "num_sync_all_streams", "num_device_alloc",
-                                          "num_device_free"};
+                                          "num_device_free", "num_stream_waits"};
 
 static stash_stat_t* array_of(stash_stats_t* s, int a) {
   stash_stat_t* const arrs[9] = {s->allocation,      s->segment,        s->active,
@@ -35,8 +35,8 @@ static stash_stat_t* array_of(stash_stats_t* s, int a) {
   return arrs[a];
 }
 static int64_t* counter_of(stash_stats_t* s, int c) {
-  int64_t* const cs[5] = {&s->num_alloc_retries, &s->num_ooms, &s->num_sync_all_streams,
-                          &s->num_device_alloc, &s->num_device_free};
+  int64_t* const cs[6] = {&s->num_alloc_retries, &s->num_ooms, &s->num_sync_all_streams,
+                          &s->num_device_alloc, &s->num_device_free, &s->num_stream_waits};
   return cs[c];
 }
 static int64_t* field_of(stash_stat_t* st, int f) {
@@ -123,7 +123,7 @@ static void fill_distinct(stash_stats_t* s) {
     *field_of(&s->oversize_allocations, f) = 7000000 + f;
     *field_of(&s->oversize_segments, f) = 8000000 + f;
   }
-  for (int c = 0; c < 5; c++) *counter_of(s, c) = 900 + c;
+  for (int c = 0; c < 6; c++) *counter_of(s, c) = 900 + c;
   s->requested_bytes[STASH_STAT_SMALL].freed = -5; /* the sign must survive */
   s->num_ooms = INT64_MAX;
   s->max_split_size = -1; /* SIZE_MAX as int64, as PyTorch reports "unlimited" */
@@ -142,8 +142,9 @@ TEST(json_keys_and_values) {
     fprintf(stderr, "  ^ not a flat JSON object: %.300s\n", buf);
     return;
   }
-  /* exactly the keys of torch.cuda.memory_stats(), 9*3*4 + 2*4 + 5 + 1 of them */
-  CHECK_EQ(n, 9 * 3 * 4 + 2 * 4 + 5 + 1);
+  /* exactly the keys of torch.cuda.memory_stats(), 9*3*4 + 2*4 + 5 + 1 of them, and stash's
+   * own counter num_stream_waits */
+  CHECK_EQ(n, 9 * 3 * 4 + 2 * 4 + 5 + 1 + 1);
   /* sorted by strcmp (as memory_stats' OrderedDict of sorted keys), no duplicates */
   for (int i = 1; i < n; i++) {
     if (!(strcmp(kv[i - 1].key, kv[i].key) < 0)) {
@@ -178,7 +179,7 @@ TEST(json_keys_and_values) {
     snprintf(key, sizeof key, "oversize_segments.%s", k_fields[f]);
     EXPECT_KEY(key, *field_of(&s.oversize_segments, f));
   }
-  for (int c = 0; c < 5; c++) EXPECT_KEY(k_counters[c], *counter_of(&s, c));
+  for (int c = 0; c < 6; c++) EXPECT_KEY(k_counters[c], *counter_of(&s, c));
   EXPECT_KEY("max_split_size", -1);
   CHECK_EQ(expected, n); /* so no key beyond these */
   /* spot checks of the mapping, written out */
@@ -188,7 +189,29 @@ TEST(json_keys_and_values) {
   EXPECT_KEY("inactive_split_bytes.small_pool.peak", 8000000000000LL + 2002);
   EXPECT_KEY("num_ooms", INT64_MAX);
   EXPECT_KEY("num_device_free", 904);
+  EXPECT_KEY("num_stream_waits", 905);
 #undef EXPECT_KEY
+}
+
+/* A struct of version 1's size (before num_stream_waits), as a caller built against that
+ * header has: its JSON reads no byte past its size, and the fields it lacks are 0. Without
+ * the size check the bytes past it (0x7f...) would be read as num_stream_waits. */
+TEST(json_of_a_version_1_struct) {
+  static unsigned char raw[sizeof(stash_stats_t) + 64];
+  memset(raw, 0x7f, sizeof raw);
+  stash_stats_t full;
+  fill_distinct(&full);
+  const size_t v1 = offsetof(stash_stats_t, num_stream_waits);
+  memcpy(raw, &full, v1);
+  ((stash_stats_t*)(void*)raw)->size = (uint32_t)v1;
+  static char a[65536], b[65536];
+  size_t la = stash_stats_json((const stash_stats_t*)(const void*)raw, a, sizeof a);
+  full.num_stream_waits = 0;
+  size_t lb = stash_stats_json(&full, b, sizeof b);
+  CHECK_EQ(la, lb);
+  CHECK(strcmp(a, b) == 0);
+  CHECK(strstr(a, "\"num_stream_waits\": 0") != NULL);
+  CHECK(strstr(a, "\"num_device_free\": 904") != NULL);
 }
 
 TEST(json_truncation) {
@@ -501,7 +524,7 @@ TEST(heap_stats_and_resets) {
   static kv_t kv[MAX_KEYS];
   stash_stats_json(&s, json, sizeof json);
   int n = parse_json(json, kv);
-  CHECK_EQ(n, 122);
+  CHECK_EQ(n, 123); /* PyTorch's 122 keys and num_stream_waits */
   const kv_t* e = n > 0 ? find_key(kv, n, "allocation.all.peak") : NULL;
   CHECK(e && e->value == 4);
   e = n > 0 ? find_key(kv, n, "oversize_allocations.peak") : NULL;
@@ -535,7 +558,7 @@ TEST(heap_stats_and_resets) {
     CHECK_EQ(single_of(&s, k)->freed, single_of(&before, k)->freed);
   }
   CHECK_EQ(s.oversize_allocations.peak, 1);
-  for (int c = 0; c < 5; c++) CHECK_EQ(*counter_of(&s, c), *counter_of(&before, c));
+  for (int c = 0; c < 6; c++) CHECK_EQ(*counter_of(&s, c), *counter_of(&before, c));
   CHECK_OK(stash_heap_check(h));
 
   /* a new allocation raises the peak from the reset value */
@@ -567,7 +590,7 @@ TEST(heap_stats_and_resets) {
     CHECK_EQ(single_of(&s, k)->current, single_of(&before, k)->current);
     CHECK_EQ(single_of(&s, k)->peak, single_of(&before, k)->peak);
   }
-  for (int c = 0; c < 5; c++) CHECK_EQ(*counter_of(&s, c), 0);
+  for (int c = 0; c < 6; c++) CHECK_EQ(*counter_of(&s, c), 0);
   CHECK(before.oversize_allocations.allocated > 0);
   CHECK_EQ(s.max_split_size, 20 * MiB); /* configuration, not a counter */
   CHECK_OK(stash_heap_check(h));
@@ -642,6 +665,7 @@ TEST(stats_check_names_what_disagrees) {
 
 int main(void) {
   RUN(json_keys_and_values);
+  RUN(json_of_a_version_1_struct);
   RUN(json_truncation);
   RUN(summary_exact_text);
   RUN(summary_abbreviated_drops_pool_rows);
