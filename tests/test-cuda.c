@@ -223,6 +223,7 @@ TEST(a_stream_waits_on_the_device_for_the_work_on_a_block_it_takes) {
   CHECK(y == x);
   CHECK_EQ(busy, CUDA_ERROR_NOT_READY);
   CHECK_EQ(stats_of(h).reserved_bytes[0].current, reserved); /* no new memory */
+  CHECK_EQ(stats_of(h).num_stream_waits, 1);
   CHECK_EQ(memset32((CUdeviceptr)(uintptr_t)y, 0x22222222u, xsize / 4, s2), CUDA_SUCCESS);
   stream_sync(s1);
   live_t l = {y, xsize, 0x22222222u, s2};
