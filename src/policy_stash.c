@@ -528,12 +528,17 @@ static sb_block* take_at(stash_heap_t* h, sb_arena* a, sb_block* fb, uint64_t at
   return carve(S(h), fb, at, size, pre, post);
 }
 
+static bool may_wait(const stash_heap_t* h);
+
 /* One attempt: a cached block, a stitched block, or a grown arena. */
 /* Turn replay: in a loop, a large block goes where its counterpart went one turn earlier
  * if that memory is free now for this stream: its place in the arena, or its stitched range.
- * NULL otherwise, or, with *st set, when the host is out of memory. */
+ * NULL otherwise, or, with *st set, when the host is out of memory. Where the place is free
+ * but another stream's, its epoch open, and usable as it is (mapped), *waitable is its free
+ * block and *waitable_at the place (else left as they are): try_alloc may wait for it rather
+ * than map memory elsewhere. */
 static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot,
-                        stash_status_t* st) {
+                        stash_status_t* st, sb_block** waitable, uint64_t* waitable_at) {
   sb_state* s = S(h);
   uint64_t off = 0;
   if (!turn_hint(s, size, &off)) return NULL;
@@ -547,6 +552,10 @@ static sb_block* replay(stash_heap_t* h, sb_arena* a, size_t size, uint32_t slot
       return NULL;
     }
     fb = free_containing(a, at, size);
+  }
+  if (fb && !tag_ok(fb, slot) && may_wait(h) && !_stash_sb_arena_unready(h, a, at, size)) {
+    *waitable = fb;
+    *waitable_at = at;
   }
   if (!fb || !tag_ok(fb, slot)) return NULL;
   return take_at(h, a, fb, at, size, st);
@@ -695,9 +704,11 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
                                 stash_fate_class_t fate, sb_block** out) {
   sb_state* s = S(h);
   sb_arena* a = &s->arenas[size <= kSmallLimit ? 0 : 1];
+  sb_block* hinted = NULL; /* turn replay's place, free but another stream's ... */
+  uint64_t hinted_at = 0;   /* ... and its address */
   if (!a->small) {
     stash_status_t st = STASH_OK;
-    sb_block* r = replay(h, a, size, slot, &st);
+    sb_block* r = replay(h, a, size, slot, &st, &hinted, &hinted_at);
     if (st != STASH_OK) return st;
     if (r) {
       r->kind = K_USER;
@@ -734,6 +745,18 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
   }
   if (a->small && a->nranged) b = ranged_fit(h, a, size, slot);
   if (!b) b = best_fit(a, size, slot);
+  if (hinted && b && _stash_sb_arena_unready(h, a, b->ptr, size)) {
+    /* the block found lies on memory not yet mapped there (made for a stitched range): turn
+     * replay's place, waiting for the work of the stream that freed it, costs no driver call */
+    stash_status_t r = wait_for_owner(h, slot, hinted->tag);
+    if (r != STASH_OK) return r;
+    h->stats.num_stream_waits++;
+    sb_block* t = take_at(h, a, hinted, hinted_at, size, &r);
+    if (!t) return r;
+    t->kind = K_USER;
+    *out = t;
+    return STASH_OK;
+  }
   if (!b && !a->small) { /* another stream's freed block, waiting for its work there */
     stash_status_t r = waited_fit(h, a, size, slot, &b);
     if (r != STASH_OK) return r;

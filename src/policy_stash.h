@@ -413,6 +413,11 @@ STASH_HIDDEN size_t _stash_sb_handle_after(const sb_arena* a, size_t p);
 STASH_HIDDEN stash_status_t _stash_sb_arena_ready(stash_heap_t* h, sb_arena* a, uint64_t ptr,
                                                   size_t size);
 
+/* Whether [ptr, ptr + size) of the large arena lies on an allocation not yet usable at its
+ * arena address (handing a block out there maps it: arena_ready's driver calls). */
+STASH_HIDDEN bool _stash_sb_arena_unready(const stash_heap_t* h, const sb_arena* a,
+                                          uint64_t ptr, size_t size);
+
 /* Make [ptr, ptr + size) of the large arena usable before a block there is handed out. The
  * first test is inline, for the allocation path: nearly every call ends there, no allocation
  * under the block waiting to be mapped at its arena address; the rest is

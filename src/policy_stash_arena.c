@@ -418,6 +418,16 @@ size_t _stash_sb_handle_after(const sb_arena* a, size_t p) {
   return i;
 }
 
+bool _stash_sb_arena_unready(const stash_heap_t* h, const sb_arena* a, uint64_t ptr,
+                             size_t size) {
+  size_t lo = (size_t)(ptr - a->base) / G, hi = (size_t)(ptr + size - a->base + G - 1) / G;
+  if (!a->nlazy || hi <= a->lazy_from) return false;
+  for (size_t i = _stash_sb_handle_after(a, lo); i < a->nhandles && a->handles[i].first_page < hi;
+       i++)
+    if (a->handles[i].access != H_READY) return true;
+  return false;
+}
+
 /* Make [ptr, ptr + size) of the large arena usable before a block there is handed out: map
  * and make accessible the physical allocations under it that were made for a stitched range
  * and not yet mapped at their arena address. On an error nothing is handed out; what was

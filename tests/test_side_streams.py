@@ -9,8 +9,11 @@ frees, resnet50_train reserved 120 MiB more with the last); and with one whose f
 comes at event 2000 (before the forty-seventh session's stream waits resnet50_train reserved
 120 MiB more there, 97.54%, and failed the memory target: that request found all the main
 stream's freed memory waiting for an event, and grew; now it takes a freed block, waiting on
-the device, and reserves what it does with one stream). Two builds side by side are
-compared; bad modes, sets and replays are refused.
+the device, and reserves what it does with one stream). And hf/llama_b8 with a request of
+any size every 2000 events, whose side request at event 16001 waits for its turn-replay place
+rather than map memory made for a stitched range (forty-eighth session): no provider call in
+its second half. Two builds side by side are compared; bad modes, sets and replays are
+refused.
 
   test_side_streams.py TOOL STASH_REPLAY
 """
@@ -83,6 +86,30 @@ def main():
                       out["modes"][mode][0]["per_trace"]["resnet50_train.csv.gz"]["peak"], want)
             check("the rewritten traces kept",
                   sorted(os.listdir(d)), ["any", "first", "late", "small"])
+    # hf/llama_b8 with a side request of any size every 2000 events: at event 16001 a 24 MiB
+    # side request finds its turn-replay place free but the main stream's (its epoch open),
+    # and every other fit on memory made for a stitched range and not yet mapped there. It
+    # waits for the main stream and takes its place (forty-eighth session): no provider call
+    # in the second half, its one-stream peak. Before, it mapped 564 MiB there (a map and a
+    # cuMemSetAccess in the second half); a wait costs no driver call.
+    with tempfile.TemporaryDirectory() as d:
+        one = os.path.join(ss.DATA, "hf", "llama_b8.csv.gz")
+        side = ss.made(one, "any", d)
+
+        def run(path):
+            q = subprocess.run([replay, "--conf", "policy:stash", "--json", path],
+                               capture_output=True, text=True)
+            check("replay of %s" % os.path.basename(path), q.returncode, 0)
+            return json.loads(q.stdout.splitlines()[0]) if q.returncode == 0 else None
+        a, b = run(one), run(side)
+        if a and b:
+            check("llama_b8 any: second-half calls",
+                  b["device_allocs_second_half"] + b["device_frees_second_half"], 0)
+            check("llama_b8 any: its one-stream peak", b["peak_reserved_bytes"],
+                  a["peak_reserved_bytes"])
+            check("llama_b8 any: it waits", b["calls"].get("stream_wait", [0])[0] >= 1, True)
+            check("llama_b8 any: no map in the arena after event 16000",
+                  b["calls"].get("map", [0])[0], a["calls"].get("map", [0])[0])
     for bad, message in ((["--modes", "often", replay], "unknown or unusable"),
                          (["--sets", "more", replay], "unknown or unusable"),
                          ([os.devnull], "not an executable stash-replay")):
