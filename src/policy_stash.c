@@ -641,7 +641,7 @@ static bool may_wait(const stash_heap_t* h) {
 /* Make stream slot `slot` wait on the device for stream slot `owner`'s work so far: an event on
  * owner's stream after every block it has freed - closing its epoch if it freed blocks since
  * the last close, else the last event it queued on that stream, which follows that close -
- * and cuStreamWaitEvent. */
+ * and cuStreamWaitEvent; counted in num_stream_waits once made. */
 static stash_status_t wait_for_owner(stash_heap_t* h, uint32_t slot, uint32_t owner) {
   sb_state* s = S(h);
   sb_stream* o = &s->streams[owner];
@@ -654,6 +654,7 @@ static stash_status_t wait_for_owner(stash_heap_t* h, uint32_t slot, uint32_t ow
   }
   stash_status_t st = _STASH_PCALL(h, stream_wait, h->device, s->streams[slot].stream, ev);
   if (st != STASH_OK) return _stash_prov_fail(h, st, "make a stream wait for an event");
+  h->stats.num_stream_waits++;
   return STASH_OK;
 }
 
@@ -693,7 +694,6 @@ static stash_status_t waited_fit(stash_heap_t* h, sb_arena* a, size_t size, uint
   if (!b) return STASH_OK;
   stash_status_t st = wait_for_owner(h, slot, b->tag);
   if (st != STASH_OK) return st;
-  h->stats.num_stream_waits++;
   *out = b;
   return STASH_OK;
 }
@@ -750,7 +750,6 @@ static stash_status_t try_alloc(stash_heap_t* h, size_t size, uint32_t slot, boo
      * replay's place, waiting for the work of the stream that freed it, costs no driver call */
     stash_status_t r = wait_for_owner(h, slot, hinted->tag);
     if (r != STASH_OK) return r;
-    h->stats.num_stream_waits++;
     sb_block* t = take_at(h, a, hinted, hinted_at, size, &r);
     if (!t) return r;
     t->kind = K_USER;

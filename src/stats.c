@@ -106,14 +106,10 @@ static size_t collect(const stash_stats_t* s, kv_t* kv) {
   snprintf(kv[n].key, sizeof kv[n].key, "%s", #name); \
   kv[n++].value = s->name;
   STASH_STAT_COUNTERS(STASH_X_)
+  STASH_STAT_STASH_COUNTERS(STASH_X_) /* the keys are sorted below: their place is free */
 #undef STASH_X_
   snprintf(kv[n].key, sizeof kv[n].key, "max_split_size");
   kv[n++].value = s->max_split_size;
-#define STASH_X_(name, doc)                          \
-  snprintf(kv[n].key, sizeof kv[n].key, "%s", #name); \
-  kv[n++].value = s->name;
-  STASH_STAT_STASH_COUNTERS(STASH_X_)
-#undef STASH_X_
 #undef ADD_STAT
   qsort(kv, n, sizeof *kv, kv_cmp);
   return n;
