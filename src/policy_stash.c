@@ -403,16 +403,29 @@ static stash_status_t close_epochs(stash_heap_t* h, uint32_t slot) {
   return STASH_OK;
 }
 
+/* Whether free block b has a free neighbour it merges with (tags_merge). */
+static bool merges_with_a_neighbour(const sb_state* s, const sb_block* b) {
+  return (b->prev && b->prev->kind == K_FREE && tags_merge(s, b->tag, b->prev->tag)) ||
+         (b->next && b->next->kind == K_FREE && tags_merge(s, b->tag, b->next->tag));
+}
+
 /* Stream slot `slot` has made an eighth more allocations than the lead: it leads now, and its
- * free blocks merge with their untagged neighbours (tags_merge). */
+ * free blocks merge with their untagged neighbours (tags_merge). One merge can make another:
+ * an untagged block between two of slot's, merged into the first, leaves it beside the second
+ * (found by fuzzing: tests/fuzz/corpus/lead-change-merges-a-chain.csv). And a merge deletes
+ * blocks that the list links to, so the walk starts over after each: every merge leaves one
+ * free block fewer. */
 static void lead_change(sb_state* s, uint32_t slot) {
   s->lead = slot;
-  for (sb_block *b = s->streams[slot].thead, *next; b; b = next) {
-    next = b->tnext; /* merged, b (or the neighbour it joins) goes to the list's head */
-    if ((b->prev && b->prev->kind == K_FREE && !b->prev->tag) ||
-        (b->next && b->next->kind == K_FREE && !b->next->tag)) {
-      free_remove(s, b);
-      free_coalesce(s, b);
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (sb_block* b = s->streams[slot].thead; b; b = b->tnext) {
+      if (merges_with_a_neighbour(s, b)) {
+        free_remove(s, b);
+        free_coalesce(s, b);
+        merged = true;
+        break;
+      }
     }
   }
 }

@@ -1819,6 +1819,44 @@ TEST(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory) {
   fx_close(&f);
 }
 
+/* When a side stream comes to lead, its free blocks merge with their untagged neighbours -
+ * also where one merge makes the next: [x1, S2's][u, any stream's][x2, S2's], x2 merged with
+ * u lies beside x1, and the two merge too (a fuzzed trace found the heap checker failing
+ * there: free neighbours not merged; tests/fuzz/corpus/lead-change-merges-a-chain.csv). S2's
+ * next request of all three blocks' size then takes them without growing. */
+TEST(a_stream_that_comes_to_lead_merges_a_chain_of_free_blocks) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f); /* S1: 2 allocations */
+  void* x1 = fx_alloc(&f, 8 * MiB, S2);
+  void* u = fx_alloc(&f, 100 * MiB, S1);
+  void* x2 = fx_alloc(&f, 8 * MiB, S2);
+  void* c = fx_alloc(&f, 100 * MiB, S1); /* S1: 4 */
+  CHECK_EQ(U(u), U(x1) + 8 * MiB);
+  CHECK_EQ(U(x2), U(u) + 100 * MiB);
+  CHECK_EQ(U(c), U(x2) + 8 * MiB);
+  fx_free(&f, u);
+  fx_free(&f, fx_alloc(&f, 4096, S2)); /* closes S1's epoch */
+  stash_sim_complete(f.sim, S1);
+  fx_free(&f, x1); /* S2's, its epoch not over: apart from u while S1 leads */
+  fx_free(&f, x2);
+  void* v[8];
+  for (int i = 0; i < 8; i++) { /* S2 comes to lead: 5 of its allocations to S1's 4 */
+    v[i] = fx_alloc(&f, 4096, S2);
+    CHECK_OK(stash_heap_check(f.heap));
+  }
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* y = fx_alloc(&f, 116 * MiB, S2);
+  CHECK_EQ(U(y), U(x1));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), before);
+  fx_free(&f, y);
+  for (int i = 0; i < 8; i++) fx_free(&f, v[i]);
+  fx_free(&f, c);
+  fx_free(&f, keep);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_close(&f);
+}
+
 /* The lead changes only to a stream that has made an eighth more allocations than the lead
  * (two streams that allocate alike do not swap at every turn, merging and parting their
  * blocks): with S1's 8 allocations to S2's 9, S1 still leads, S2's freed 8 MiB stays apart
@@ -3455,6 +3493,7 @@ int main(void) {
   RUN(without_stream_waits_another_streams_freed_block_waits_for_its_event);
   RUN(after_empty_cache_a_streams_freed_block_still_waits_for_its_event);
   RUN(a_side_streams_free_block_keeps_apart_from_the_lead_streams_free_memory);
+  RUN(a_stream_that_comes_to_lead_merges_a_chain_of_free_blocks);
   RUN(the_lead_changes_only_to_a_stream_with_an_eighth_more_allocations);
   RUN(the_second_step_of_a_small_model_grows_at_once_to_its_predicted_peak);
   RUN(after_the_growth_at_once_a_ranges_new_memory_is_mapped_in_the_arena_at_once);

@@ -9,8 +9,8 @@ out=build-fuzz
 mkdir -p "$out"
 flags="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Iinclude -Isrc -Itools"
 srcs=$(ls src/*.c | grep -v provider_cuda.c) # the CUDA provider is not needed: simulated device
-clang $flags -std=c11 -o "$out/fuzz_trace" tests/fuzz/fuzz_trace.c tools/trace.c tools/snapshot.c \
-  tools/replay.c $srcs -lz -lpthread -lm
+tools=$(ls tools/*.c | grep -v stash_replay.c)  # the replay engine: every tool file but the CLI's main
+clang $flags -std=c11 -o "$out/fuzz_trace" tests/fuzz/fuzz_trace.c $tools $srcs -lz -lpthread -lm
 mkdir -p "$out/new"
 "$out/fuzz_trace" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=4096 -timeout=20 \
   "$out/new" tests/fuzz/corpus
