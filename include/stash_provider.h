@@ -74,7 +74,9 @@ struct stash_provider_s {
   stash_status_t (*granularity)(void* ctx, int device, size_t* bytes);
   stash_status_t (*mem_info)(void* ctx, int device, size_t* free_bytes, size_t* total_bytes);
 
-  /* Plain device memory (required). size > 0; *ptr is at least 512-byte aligned. */
+  /* Plain device memory (required). size > 0; *ptr is at least 512-byte aligned. mem_free
+   * returns once the device's queued work is done, as cuMemFree does (policy:pytorch, as
+   * PyTorch, frees segments that streams' work may still use on that ground). */
   stash_status_t (*mem_alloc)(void* ctx, int device, size_t size, uint64_t* ptr);
   stash_status_t (*mem_free)(void* ctx, int device, uint64_t ptr, size_t size);
 

@@ -515,6 +515,13 @@ static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t s
   ra_remove_at(&d->allocs, i);
   place_free(s, ptr, need);
   d->used -= need;
+  /* cuMemFree synchronizes: it returns once the work queued on every stream is done (the
+   * CUDA documentation: "synchronous behavior for most use cases"; PyTorch frees a segment
+   * that other streams' work used on that ground, and so does policy:pytorch) */
+  for (size_t k = 0; k < s->nstreams; k++) {
+    s->streams[k].done_point = 2 * s->streams[k].recorded + 1;
+    s->streams[k].nwaits = 0;
+  }
   COST(s, mem_free, interp_us(size, k_free_us, 3), size);
   LEAVE(s, STASH_OK);
 }

@@ -293,6 +293,31 @@ TEST(ordered_after_follows_completion_and_waits) {
   stash_sim_destroy(sim);
 }
 
+/* mem_free synchronizes, as cuMemFree does: the work queued on every stream is done when it
+ * returns (policy:pytorch frees a segment another stream's work used, after an out-of-memory
+ * retry, on that ground; fuzz_ops found the simulation saying otherwise). */
+TEST(mem_free_completes_every_streams_work) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  void *A = (void*)7, *B = (void*)8;
+  uint64_t e, a = 0, b = 0;
+  CHECK_OK(p->event_create(x, 0, &e));
+  CHECK_OK(p->event_record(x, 0, e, A));
+  uint64_t pt = stash_sim_stream_point(sim, A);
+  CHECK_OK(p->mem_alloc(x, 0, 2 * MiB, &a));
+  CHECK_OK(p->mem_alloc(x, 0, 2 * MiB, &b));
+  CHECK(!stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_EQ(p->event_query(x, e), STASH_ERR_NOT_READY);
+  CHECK_OK(p->mem_free(x, 0, a, 2 * MiB));
+  CHECK(stash_sim_ordered_after(sim, A, pt, B));
+  CHECK_OK(p->event_query(x, e));
+  CHECK_OK(p->mem_free(x, 0, b, 2 * MiB));
+  CHECK_OK(p->event_destroy(x, e));
+  stash_sim_destroy(sim);
+}
+
 TEST(aliases_and_costs) {
   stash_sim_t* sim;
   CHECK_OK(stash_sim_create(1, 0, &sim));
@@ -435,6 +460,7 @@ int main(void) {
   RUN(illegal_calls_are_errors);
   RUN(a_stream_wait_orders_the_waiting_streams_later_work_after_the_event);
   RUN(ordered_after_follows_completion_and_waits);
+  RUN(mem_free_completes_every_streams_work);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);
   RUN(every_call_is_told_with_its_cost);

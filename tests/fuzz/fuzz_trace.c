@@ -44,13 +44,22 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (t.nevents && t.nevents < 2000) { /* and replay it, on a small device, under policy:stash
                                           * and PyTorch's expandable segments (the other policy
-                                          * that maps pages) */
-    static const char* confs[] = {"policy:stash", "policy:pytorch,expandable_segments:True"};
-    for (size_t c = 0; c < sizeof confs / sizeof confs[0]; c++) {
+                                          * that maps pages), and under policy:stash with
+                                          * empty_cache between steps (the paths that give
+                                          * memory back while blocks live) */
+    static const struct {
+      const char* conf;
+      bool empty_cache;
+    } runs[] = {{"policy:stash", false},
+                {"policy:pytorch,expandable_segments:True", false},
+                {"policy:stash", true}};
+    for (size_t c = 0; c < sizeof runs / sizeof runs[0]; c++) {
       stash_conf_t conf;
       stash_conf_init(&conf);
-      if (stash_conf_parse(&conf, confs[c]) != STASH_OK) abort();
-      replay_opts_t opts = {.capacity = 1ull << 30, .check_every = 1};
+      if (stash_conf_parse(&conf, runs[c].conf) != STASH_OK) abort();
+      replay_opts_t opts = {.capacity = 1ull << 30,
+                            .check_every = 1,
+                            .empty_cache_between_steps = runs[c].empty_cache};
       replay_result_t r;
       stash_status_t st = replay_run(&t, &conf, &opts, &r);
       if (st != STASH_OK) abort(); /* any trace must replay, its OOMs counted */

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Fuzz the trace readers with libFuzzer (clang from Debian's packages), with AddressSanitizer
-# and UndefinedBehaviorSanitizer, starting from tests/fuzz/corpus; new interesting inputs are
-# added to the corpus (commit the small ones). Usage: tests/fuzz/run.sh [SECONDS] (default 120).
+# Fuzz stash with libFuzzer (clang from Debian's packages), with AddressSanitizer and
+# UndefinedBehaviorSanitizer:
+#   tests/fuzz/run.sh [trace|ops] [SECONDS]     (default: trace, 120 s)
+# trace: the trace readers and the replay (tests/fuzz/fuzz_trace.c, corpus tests/fuzz/corpus);
+# ops: the heap's API, operation by operation (tests/fuzz/fuzz_ops.c, tests/fuzz/corpus-ops).
+# New interesting inputs go to build-fuzz/new-TARGET, a failing one to build-fuzz/crash-*;
+# commit the small ones to the corpus (CTest's fuzz_corpus and fuzz_ops_corpus replay them).
+# The build is CMake's (STASH_FUZZ=ON), so it links what the library and the replay link.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+target=trace
+case "${1:-}" in trace|ops) target=$1; shift ;; esac
 secs=${1:-120}
+corpus=tests/fuzz/corpus
+[ "$target" = ops ] && corpus=tests/fuzz/corpus-ops
 out=build-fuzz
-mkdir -p "$out"
-flags="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -Iinclude -Isrc -Itools"
-srcs=$(ls src/*.c | grep -v provider_cuda.c) # the CUDA provider is not needed: simulated device
-tools=$(ls tools/*.c | grep -v stash_replay.c)  # the replay engine: every tool file but the CLI's main
-clang $flags -std=c11 -o "$out/fuzz_trace" tests/fuzz/fuzz_trace.c $tools $srcs -lz -lpthread -lm
-mkdir -p "$out/new"
-"$out/fuzz_trace" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=4096 -timeout=20 \
-  "$out/new" tests/fuzz/corpus
-echo "new inputs in $out/new; 'fuzz_trace -merge=1 tests/fuzz/corpus $out/new' keeps the useful ones"
+CC=clang cmake -S . -B "$out" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DSTASH_FUZZ=ON \
+  -DSTASH_WITH_CUDA=OFF -DSTASH_SANITIZE="address;undefined" >/dev/null
+cmake --build "$out" -j"$(nproc 2>/dev/null || echo 2)" --target "fuzz-$target"
+mkdir -p "$out/new-$target"
+UBSAN_OPTIONS=print_stacktrace=1 "$out/tests/fuzz-$target" -max_total_time="$secs" \
+  -max_len=65536 -rss_limit_mb=4096 -timeout=20 -artifact_prefix="$out/" "$out/new-$target" "$corpus"
+echo "new inputs in $out/new-$target; '$out/tests/fuzz-$target -merge=1 $corpus $out/new-$target' keeps the useful ones"
