@@ -12,7 +12,7 @@
  *    failed free leaves the block allocated;
  *  - a call fails only for a reason: no fault armed, an allocation fails only out of memory;
  *  - every live allocation is usable memory of its size, 512-byte aligned, sharing no
- *    physical byte with another;
+ *    physical byte with another, and stash_heap_visit shows it, once, as allocated;
  *  - memory another stream freed (or used, by record_stream) is handed out only once that
  *    stream's work up to the free has completed or the new owner's stream waits for it.
  * At the end, faults off and every stream's work complete, everything frees and the device
@@ -171,6 +171,44 @@ static size_t size_of(unsigned w) {
   return base > SIZE_MAX / 4 ? base : base + extra;
 }
 
+/* stash_heap_visit shows every live allocation once, as allocated, with its requested size
+ * and stream, and no other block as allocated. */
+typedef struct seen_s {
+  state_t* s;
+  int allocated;
+  bool found[kSlots];
+} seen_t;
+
+static int visit_segment(const stash_segment_info_t* seg, const stash_block_info_t* blocks,
+                         void* arg) {
+  seen_t* v = arg;
+  for (size_t k = 0; k < seg->nblocks; k++) {
+    const stash_block_info_t* b = &blocks[k];
+    if (b->state != STASH_BLOCK_ALLOCATED) continue;
+    v->allocated++;
+    int i = 0;
+    while (i < kSlots && (uintptr_t)v->s->slots[i].ptr != b->address) i++;
+    EXPECT(i < kSlots, "visit: an allocated block at %#zx that is not live", (size_t)b->address);
+    const slot_t* a = &v->s->slots[i];
+    EXPECT(!v->found[i], "visit: %p shown twice", a->ptr);
+    EXPECT(b->requested_size == a->size && b->size >= a->size &&
+               b->stream == k_streams[a->stream],
+           "visit: %p+%zu on %d shown as %zu (spanning %zu) on %p", a->ptr, a->size, a->stream,
+           b->requested_size, b->size, b->stream);
+    v->found[i] = true;
+  }
+  return 0;
+}
+
+static void check_visit(state_t* s) {
+  seen_t v = {.s = s};
+  EXPECT(stash_heap_visit(s->heap, visit_segment, &v) == STASH_OK, "visit: %s",
+         stash_last_error());
+  int live = 0;
+  for (int i = 0; i < kSlots; i++) live += s->slots[i].ptr != NULL;
+  EXPECT(v.allocated == live, "visit: %d allocated blocks, %d live", v.allocated, live);
+}
+
 static void op_alloc(state_t* s, int i, size_t size, int stream);
 
 static void op_free(state_t* s, int i) {
@@ -288,7 +326,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 14: { /* bad pointers: refused, nothing changed */
         int64_t before = allocations(s);
-        void* bad = s->slots[i].ptr ? (char*)s->slots[i].ptr + 512 : (void*)0x12345600;
+        /* inside a live block (past its first 512 bytes, where no other block starts), or
+         * not 512-aligned, or nowhere */
+        const slot_t* b = &s->slots[i];
+        void* bad = !b->ptr ? (void*)0x12345600
+                            : (char*)b->ptr + (b->size > 512 ? 512 : 1);
         EXPECT(stash_heap_free(s->heap, bad) == STASH_ERR_BAD_POINTER, "a bad free");
         EXPECT(stash_heap_record_stream(s->heap, bad, k_streams[0]) == STASH_ERR_BAD_POINTER,
                "a bad record_stream");
@@ -301,6 +343,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)stash_heap_summary(s->heap, i & 1, buf, sizeof buf);
         stash_account_t small, large;
         EXPECT(stash_heap_accounts(s->heap, &small, &large) == STASH_OK, "accounts");
+        check_visit(s);
         if (i & 1) EXPECT(stash_heap_reset_peak_stats(s->heap) == STASH_OK, "reset peaks");
         break;
       }
