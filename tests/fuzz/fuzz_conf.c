@@ -14,15 +14,8 @@
 #include "stash.h"
 #include "stash_provider.h"
 
-#define EXPECT(cond, ...)                                           \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      fprintf(stderr, "fuzz_conf: %s (line %d): ", #cond, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                 \
-      fprintf(stderr, "\n");                                        \
-      abort();                                                      \
-    }                                                               \
-  } while (0)
+#define FUZZ_NAME "fuzz_conf"
+#include "fuzz_expect.h"
 
 /* Field by field (the struct has padding: memcmp would compare it too). */
 static bool same(const stash_conf_t* a, const stash_conf_t* b) {

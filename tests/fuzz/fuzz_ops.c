@@ -29,15 +29,8 @@
 #define MiB ((size_t)1 << 20)
 enum { kSlots = 32, kStreams = 3, kFreed = 256 };
 
-#define EXPECT(cond, ...)                                          \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      fprintf(stderr, "fuzz_ops: %s (line %d): ", #cond, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                \
-      fprintf(stderr, "\n");                                       \
-      abort();                                                     \
-    }                                                              \
-  } while (0)
+#define FUZZ_NAME "fuzz_ops"
+#include "fuzz_expect.h"
 
 typedef struct slot_s {
   void* ptr;
