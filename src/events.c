@@ -148,24 +148,38 @@ static stash_status_t record_deferred(stash_heap_t* h, stash_events_t* e) {
 }
 
 stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e, bool wait,
-                                         stash_ev_done_fn done) {
+                                         stash_ev_done_fn done, const stash_ev_poll_t* how) {
   if (h->capturing) return STASH_OK;
   stash_status_t st = e->ndeferred ? record_deferred(h, e) : STASH_OK;
   for (size_t i = 0; i < e->nqueues && st == STASH_OK; i++) {
     stash_ev_queue_t* q = &e->queues[i];
+    if (how && how->has_skip && q->stream == how->skip && q->n < how->skip_below) continue;
+    size_t known_done = 0; /* entries from the head known to have completed */
     while (q->n) {
       stash_ev_entry_t* x = &q->v[q->head];
-      stash_status_t r = wait ? _STASH_PCALL(h, event_synchronize, x->event)
-                              : _STASH_PCALL(h, event_query, x->event);
-      if (r == STASH_ERR_NOT_READY && !wait) break;
-      if (r != STASH_OK) {
-        st = _stash_prov_fail(h, r, wait ? "wait for an event" : "query an event");
-        break;
+      if (!known_done) {
+        stash_status_t r = wait ? _STASH_PCALL(h, event_synchronize, x->event)
+                                : _STASH_PCALL(h, event_query, x->event);
+        if (r == STASH_ERR_NOT_READY && !wait) break;
+        if (r != STASH_OK) {
+          st = _stash_prov_fail(h, r, wait ? "wait for an event" : "query an event");
+          break;
+        }
+        known_done = 1;
+        if (how && q->n > 1) { /* the first has completed: has the last? */
+          r = _STASH_PCALL(h, event_query, q->v[(q->head + q->n - 1) % q->cap].event);
+          if (r == STASH_OK) known_done = q->n;
+          else if (r != STASH_ERR_NOT_READY) {
+            st = _stash_prov_fail(h, r, "query an event");
+            break;
+          }
+        }
       }
       void* item = x->item;
       e->pool[e->npool++] = x->event;
       q->head = (q->head + 1) % q->cap;
       q->n--;
+      known_done--;
       done(h, item);
     }
   }

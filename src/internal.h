@@ -367,6 +367,12 @@ typedef struct stash_ev_queue_s { /* one stream's FIFO */
   size_t head, n, cap;
 } stash_ev_queue_t;
 
+typedef struct stash_ev_poll_s { /* _stash_events_poll_fewer's settings */
+  void* skip;         /* a stream whose queue may wait */
+  bool has_skip;
+  size_t skip_below;  /* ... while it holds fewer entries than this */
+} stash_ev_poll_t;
+
 typedef struct stash_events_s {
   stash_ev_queue_t* queues; /* PyTorch's cuda_events, one queue per stream */
   size_t nqueues, cap_queues;
@@ -390,10 +396,21 @@ STASH_HIDDEN stash_status_t _stash_events_record(stash_heap_t* h, stash_events_t
  * (deferred entries are queued too): an allocation with no event outstanding - most of
  * them - makes no call. */
 STASH_HIDDEN stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e,
-                                                      bool wait, stash_ev_done_fn done);
+                                                      bool wait, stash_ev_done_fn done,
+                                                      const stash_ev_poll_t* how);
 static inline stash_status_t _stash_events_poll(stash_heap_t* h, stash_events_t* e, bool wait,
                                                 stash_ev_done_fn done) {
-  return e->nqueues ? _stash_events_poll_queues(h, e, wait, done) : STASH_OK;
+  return e->nqueues ? _stash_events_poll_queues(h, e, wait, done, NULL) : STASH_OK;
+}
+/* The same, without waiting, in fewer queries (policy:stash; policy:pytorch queries as PyTorch
+ * does, entry by entry): a stream's entries complete in order, so once its first entry has
+ * completed its last is asked, and if that has too, all are done with two queries. And the
+ * queue of stream `skip`, if has_skip, is left for a later poll while it holds fewer than
+ * skip_below entries. */
+static inline stash_status_t _stash_events_poll_fewer(stash_heap_t* h, stash_events_t* e,
+                                                      const stash_ev_poll_t* how,
+                                                      stash_ev_done_fn done) {
+  return e->nqueues ? _stash_events_poll_queues(h, e, false, done, how) : STASH_OK;
 }
 /* The event recorded last on `stream` that is still queued (it follows every other queued
  * for that stream), in *event; false when none is (or it waits for a capture to end). */

@@ -258,6 +258,7 @@ typedef struct sb_state_s {
   size_t nstreams, cap_streams;
   uint32_t lead;       /* the slot that has made the most allocations (an eighth more than
                         * the last lead's when it changed; 0: none yet) */
+  size_t pending_uses; /* blocks freed with record_stream's uses, their events outstanding */
   sb_stitch* stitches;
   uint32_t stitch_ids; /* ranges numbered so far */
   uint64_t stitch_va, stitch_va_end;  /* bump allocation of stitched ranges */
