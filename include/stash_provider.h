@@ -164,7 +164,8 @@ STASH_API void stash_sim_complete_all(stash_sim_t* sim);
  * point in `stream`'s work that everything queued on it so far ends at (0 if the stream
  * cannot be tracked: out of host memory), and whether the work queued on stream `later` from
  * now on runs after `stream`'s work up to `point` - because that work has completed, or
- * `later` waits (stream_wait) for an event recorded on `stream` after it. */
+ * `later` waits (stream_wait) for an event recorded on `stream` after it, or for an event of
+ * a stream whose work up to that event waits so, in turn (CUDA orders a chain of waits). */
 STASH_API uint64_t stash_sim_stream_point(stash_sim_t* sim, void* stream);
 STASH_API bool stash_sim_ordered_after(stash_sim_t* sim, void* stream, uint64_t point,
                                        void* later);

@@ -949,15 +949,29 @@ uint64_t stash_sim_stream_point(stash_sim_t* s, void* stream) {
   return point;
 }
 
+/* Whether stream xi's work up to point xp (2k: up to its k-th event; UINT64_MAX: all of it,
+ * queued now or later) runs after stream si's work up to `point`: it is that work, or it
+ * waits - itself, or through the streams it waits for, in turn - for an event si recorded
+ * after it. `depth` bounds the search (a chain visits each stream once at most). */
+static bool runs_after(const stash_sim_t* s, int xi, uint64_t xp, int si, uint64_t point,
+                       size_t depth) {
+  if (xi == si) return xp >= point;
+  if (depth > s->nstreams) return false;
+  const sim_stream_t* x = &s->streams[xi];
+  for (size_t i = 0; i < x->nwaits; i++) {
+    const sim_wait_t* w = &x->waits[i];
+    if (xp != UINT64_MAX && 2 * w->after >= xp) continue; /* queued after that point */
+    if (runs_after(s, w->stream, 2 * w->seq, si, point, depth + 1)) return true;
+  }
+  return false;
+}
+
 bool stash_sim_ordered_after(stash_sim_t* s, void* stream, uint64_t point, void* later) {
   if (stream == later) return true;
   pthread_mutex_lock(&s->lock);
   int si = stream_index(s, stream), li = stream_index(s, later);
-  bool ordered = si >= 0 && s->streams[si].done_point >= point;
-  for (size_t i = 0; !ordered && li >= 0 && i < s->streams[li].nwaits; i++) {
-    const sim_wait_t* w = &s->streams[li].waits[i];
-    ordered = w->stream == si && 2 * w->seq >= point;
-  }
+  bool ordered = si >= 0 && (s->streams[si].done_point >= point ||
+                             (li >= 0 && runs_after(s, li, UINT64_MAX, si, point, 0)));
   pthread_mutex_unlock(&s->lock);
   return ordered;
 }

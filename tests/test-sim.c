@@ -293,6 +293,41 @@ TEST(ordered_after_follows_completion_and_waits) {
   stash_sim_destroy(sim);
 }
 
+/* Waits chain: C waits for an event B recorded after B waited for one A recorded, so C's
+ * later work runs after A's work up to A's event - not after A's later work, nor does a wait
+ * B made after its event count. (fuzz_ops found the check taking only C's own waits.) */
+TEST(ordered_after_follows_a_chain_of_waits) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  void *A = (void*)7, *B = (void*)8, *C = (void*)9;
+  uint64_t ea, eb, ea2;
+  CHECK_OK(p->event_create(x, 0, &ea));
+  CHECK_OK(p->event_create(x, 0, &eb));
+  CHECK_OK(p->event_create(x, 0, &ea2));
+  uint64_t pt = stash_sim_stream_point(sim, A); /* A's work so far */
+  CHECK_OK(p->event_record(x, 0, ea, A));
+  CHECK_OK(p->stream_wait(x, 0, B, ea));
+  CHECK_OK(p->event_record(x, 0, eb, B));
+  CHECK(!stash_sim_ordered_after(sim, A, pt, C));
+  CHECK_OK(p->stream_wait(x, 0, C, eb));
+  CHECK(stash_sim_ordered_after(sim, A, pt, C)); /* C -> B -> A */
+  uint64_t pt2 = stash_sim_stream_point(sim, A); /* A's work up to ea and after it */
+  CHECK(!stash_sim_ordered_after(sim, A, pt2, C));
+  /* A's later work, waited for by B after eb: B's, not C's */
+  CHECK_OK(p->event_record(x, 0, ea2, A));
+  CHECK_OK(p->stream_wait(x, 0, B, ea2));
+  CHECK(stash_sim_ordered_after(sim, A, pt2, B));
+  CHECK(!stash_sim_ordered_after(sim, A, pt2, C));
+  stash_sim_complete(sim, B); /* B's work done: the work it waited for too */
+  CHECK(stash_sim_ordered_after(sim, A, pt2, C));
+  CHECK_OK(p->event_destroy(x, ea));
+  CHECK_OK(p->event_destroy(x, eb));
+  CHECK_OK(p->event_destroy(x, ea2));
+  stash_sim_destroy(sim);
+}
+
 /* mem_free synchronizes, as cuMemFree does: the work queued on every stream is done when it
  * returns (policy:pytorch frees a segment another stream's work used, after an out-of-memory
  * retry, on that ground; fuzz_ops found the simulation saying otherwise). */
@@ -461,6 +496,7 @@ int main(void) {
   RUN(a_stream_wait_orders_the_waiting_streams_later_work_after_the_event);
   RUN(ordered_after_follows_completion_and_waits);
   RUN(mem_free_completes_every_streams_work);
+  RUN(ordered_after_follows_a_chain_of_waits);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);
   RUN(every_call_is_told_with_its_cost);

@@ -246,6 +246,11 @@ static void op_alloc(state_t* s, int i, size_t size, int stream) {
   check_handed_out(s, b);
 }
 
+static void print_call(void* arg, stash_provider_call_t call, uint64_t bytes, double us) {
+  (void)arg, (void)us;
+  fprintf(stderr, "    %s %llu\n", stash_provider_call_name(call), (unsigned long long)bytes);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char* confs[] = {"policy:stash", "policy:pytorch",
                                 "policy:pytorch,expandable_segments:True",
@@ -262,6 +267,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t capacity = (head >> 2 & 1) ? (size_t)1 << 30 : (size_t)3 << 30;
   if (verbose) fprintf(stderr, "%s, %zu bytes\n", confs[head % 4], capacity);
   EXPECT(stash_sim_create(1, capacity, &s->sim) == STASH_OK, "sim");
+  if (verbose) stash_sim_on_call(s->sim, print_call, NULL); /* and each provider call */
   EXPECT(stash_heap_create(&conf, stash_sim_provider(s->sim), 0, &s->heap) == STASH_OK,
          "heap: %s", stash_last_error());
   for (int ops = 0; s->left && ops < 400; ops++) {
