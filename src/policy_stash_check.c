@@ -112,10 +112,17 @@ stash_status_t _stash_sb_visit(stash_heap_t* h, stash_visit_fn fn, void* arg) {
 
 #define FAIL(...) return _stash_error(STASH_ERR_INVALID, "heap check: " __VA_ARGS__)
 
+typedef struct pending_s {
+  bool bad;
+  double blocks; /* distinct blocks: each is queued event_count times, 1/event_count each */
+} pending_t;
+
 static void pending_ok(void* item, void* arg) {
   if ((uintptr_t)item & 1) return; /* an epoch marker */
   const sb_block* b = item;
-  if (b->kind != K_USER || b->allocated || b->event_count <= 0) *(int*)arg = 1;
+  pending_t* p = arg;
+  if (b->kind != K_USER || b->allocated || b->event_count <= 0) p->bad = true;
+  else p->blocks += 1.0 / b->event_count;
 }
 
 /* Count user block b (pool t) into n, and into *live if allocated; false if a live block
@@ -296,8 +303,11 @@ stash_status_t _stash_sb_check(stash_heap_t* h) {
   const stash_stats_t* st = &h->stats;
   stash_status_t r = _stash_stats_check(st, &n);
   if (r != STASH_OK) return r;
-  int bad = 0;
-  _stash_events_foreach(&s->events, pending_ok, &bad);
-  if (bad) FAIL("an event waits on a block that is not pending");
+  pending_t pending = {false, 0};
+  _stash_events_foreach(&s->events, pending_ok, &pending);
+  if (pending.bad) FAIL("an event waits on a block that is not pending");
+  if ((size_t)(pending.blocks + 0.5) != s->pending_uses)
+    FAIL("%zu blocks counted as waiting for record_stream's events, %.0f waiting",
+         s->pending_uses, pending.blocks);
   return STASH_OK;
 }
