@@ -252,9 +252,14 @@ static void print_call(void* arg, stash_provider_call_t call, uint64_t bytes, do
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const char* confs[] = {"policy:stash", "policy:pytorch",
-                                "policy:pytorch,expandable_segments:True",
-                                "policy:stash,stream_waits:False"};
+  static const char* confs[] = {
+      "policy:stash", "policy:pytorch", "policy:pytorch,expandable_segments:True",
+      "policy:stash,stream_waits:False",
+      "policy:pytorch,garbage_collection_threshold:0.5,max_split_size_mb:40,"
+      "roundup_power2_divisions:4,per_process_memory_fraction:0.8",
+      "policy:pytorch,expandable_segments:True,garbage_collection_threshold:0.7,"
+      "roundup_power2_divisions:[256:2,>:8],per_process_memory_fraction:0.9",
+      "policy:stash,max_piece_size_mb:20", "policy:stash,per_process_memory_fraction:0.6"};
   state_t* s = calloc(1, sizeof *s);
   if (!s) return 0;
   s->in = data;
@@ -263,13 +268,19 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool verbose = s->verbose = getenv("FUZZ_OPS_VERBOSE") != NULL;
   stash_conf_t conf;
   stash_conf_init(&conf);
-  EXPECT(stash_conf_parse(&conf, confs[head % 4]) == STASH_OK, "conf");
+  /* the first byte: the conf (bits 0, 1 and 4), the device's size (bit 2), the history
+   * recorded (bit 5) */
+  const char* conf_text = confs[head % 4 + 4 * (head >> 4 & 1)];
+  EXPECT(stash_conf_parse(&conf, conf_text) == STASH_OK, "conf: %s", stash_last_error());
   size_t capacity = (head >> 2 & 1) ? (size_t)1 << 30 : (size_t)3 << 30;
-  if (verbose) fprintf(stderr, "%s, %zu bytes\n", confs[head % 4], capacity);
+  if (verbose) fprintf(stderr, "%s, %zu bytes\n", conf_text, capacity);
   EXPECT(stash_sim_create(1, capacity, &s->sim) == STASH_OK, "sim");
   if (verbose) stash_sim_on_call(s->sim, print_call, NULL); /* and each provider call */
   EXPECT(stash_heap_create(&conf, stash_sim_provider(s->sim), 0, &s->heap) == STASH_OK,
          "heap: %s", stash_last_error());
+  if (head >> 5 & 1)
+    EXPECT(stash_heap_record_history(s->heap, 64) == STASH_OK, "history: %s",
+           stash_last_error());
   for (int ops = 0; s->left && ops < 400; ops++) {
     unsigned op = byte(s) % 16;
     int i = (int)(byte(s) % kSlots);
@@ -342,8 +353,16 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)stash_heap_summary(s->heap, i & 1, buf, sizeof buf);
         stash_account_t small, large;
         EXPECT(stash_heap_accounts(s->heap, &small, &large) == STASH_OK, "accounts");
+        (void)stash_account_text(&large, false, buf, sizeof buf);
+        size_t free_bytes = 0, total = 0;
+        EXPECT(stash_heap_mem_get_info(s->heap, &free_bytes, &total) == STASH_OK || s->armed,
+               "mem_get_info: %s", stash_last_error());
+        stash_trace_entry_t last[8];
+        size_t n = stash_heap_history(s->heap, last, 8);
+        EXPECT(n <= 64 && (n == 0 || head >> 5 & 1), "history: %zu entries", n);
         check_visit(s);
         if (i & 1) EXPECT(stash_heap_reset_peak_stats(s->heap) == STASH_OK, "reset peaks");
+        if (i & 2) EXPECT(stash_heap_reset_accumulated_stats(s->heap) == STASH_OK, "reset");
         break;
       }
     }
