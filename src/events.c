@@ -155,6 +155,7 @@ stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e, boo
     stash_ev_queue_t* q = &e->queues[i];
     if (how && how->has_skip && q->stream == how->skip && q->n < how->skip_below) continue;
     size_t known_done = 0; /* entries from the head known to have completed */
+    bool ask_last = how != NULL; /* the last entry not yet found incomplete in this poll */
     while (q->n) {
       stash_ev_entry_t* x = &q->v[q->head];
       if (!known_done) {
@@ -166,10 +167,11 @@ stash_status_t _stash_events_poll_queues(stash_heap_t* h, stash_events_t* e, boo
           break;
         }
         known_done = 1;
-        if (how && q->n > 1) { /* the first has completed: has the last? */
+        if (ask_last && q->n > 1) { /* the first has completed: has the last? */
           r = _STASH_PCALL(h, event_query, q->v[(q->head + q->n - 1) % q->cap].event);
           if (r == STASH_OK) known_done = q->n;
-          else if (r != STASH_ERR_NOT_READY) {
+          else if (r == STASH_ERR_NOT_READY) ask_last = false; /* entry by entry from here */
+          else {
             st = _stash_prov_fail(h, r, "query an event");
             break;
           }
