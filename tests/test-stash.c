@@ -1581,6 +1581,30 @@ TEST(the_lead_streams_epochs_are_queried_in_batches) {
   fx_close(&f);
 }
 
+/* ... but not while a block freed with record_stream's uses waits for an event: a block S2
+ * allocated and S1 used, freed, waits for an event on S1 - in the lead's queue - and S1's next
+ * request polls that queue at once and takes the block (were the queue to wait for 16 events,
+ * S1 would grow by 100 MiB). */
+TEST(the_lead_polls_its_own_queue_while_a_block_waits_for_record_streams_event) {
+  fixture_t f;
+  if (!fx_open(&f, "policy:stash", 0)) return;
+  void* keep = not_loading(&f); /* S1 leads */
+  void* x = fx_alloc(&f, 100 * MiB, S2);
+  void* live = fx_alloc(&f, 4096, S1);
+  CHECK_OK(stash_heap_record_stream(f.heap, x, S1));
+  fx_free(&f, x); /* an event on S1 */
+  stash_sim_complete_all(f.sim);
+  int64_t before = STAT(&f, reserved_bytes, LARGE, current);
+  void* y = fx_alloc(&f, 100 * MiB, S1);
+  CHECK_EQ(U(y), U(x));
+  CHECK_EQ(STAT(&f, reserved_bytes, LARGE, current), before);
+  CHECK_OK(stash_heap_check(f.heap));
+  fx_free(&f, y);
+  fx_free(&f, live);
+  fx_free(&f, keep);
+  fx_close(&f);
+}
+
 /* A stream closes its own epoch every 32 of its frees too, while another stream has allocated
  * lately: at a step's end the main stream frees most of the step's memory and allocates
  * little, and a side stream's request after it found all that memory still tagged and grew
@@ -3517,6 +3541,7 @@ int main(void) {
   RUN(a_stream_closes_its_own_epoch_while_a_side_stream_allocates);
   RUN(a_stream_closes_its_own_epoch_every_32_frees_while_a_side_stream_allocates);
   RUN(the_lead_streams_epochs_are_queried_in_batches);
+  RUN(the_lead_polls_its_own_queue_while_a_block_waits_for_record_streams_event);
   RUN(a_stream_waits_on_the_device_for_another_streams_freed_block_rather_than_grow);
   RUN(a_stream_waiting_for_another_streams_block_leaves_its_free_end_for_last);
   RUN(a_small_request_waits_for_another_streams_block_only_before_growing);
