@@ -59,6 +59,7 @@ typedef struct state_s {
   int captures;  /* captures underway */
   bool armed;    /* a fault may be pending */
   bool verbose;  /* FUZZ_OPS_VERBOSE: each operation on stderr */
+  int device;    /* the heap's device of the simulated two */
 } state_t;
 
 static void* const k_streams[kStreams] = {(void*)0x10, (void*)0x20, (void*)0x30};
@@ -93,7 +94,7 @@ static void failed(state_t* s, stash_status_t rc, const char* what, bool oom_ok)
 static void note_freed(state_t* s, const slot_t* b, int stream, uint64_t point) {
   for (size_t off = 0; off < b->size;) {
     uint64_t phys = 0;
-    size_t run = stash_sim_translate(s->sim, 0, (uint64_t)(uintptr_t)b->ptr + off,
+    size_t run = stash_sim_translate(s->sim, s->device, (uint64_t)(uintptr_t)b->ptr + off,
                                      b->size - off, &phys);
     EXPECT(run > 0, "a live block %p+%zu is not usable at +%zu", b->ptr, b->size, off);
     s->freed[s->nfreed++ % kFreed] = (freed_t){phys, run, stream, point};
@@ -107,7 +108,7 @@ static void check_handed_out(state_t* s, const slot_t* b) {
   size_t n = s->nfreed < kFreed ? s->nfreed : kFreed;
   for (size_t off = 0; off < b->size;) {
     uint64_t phys = 0;
-    size_t run = stash_sim_translate(s->sim, 0, (uint64_t)(uintptr_t)b->ptr + off,
+    size_t run = stash_sim_translate(s->sim, s->device, (uint64_t)(uintptr_t)b->ptr + off,
                                      b->size - off, &phys);
     EXPECT(run > 0, "allocation %p+%zu is not usable at +%zu", b->ptr, b->size, off);
     for (size_t k = 0; k < n; k++) {
@@ -127,7 +128,7 @@ static void check_live(state_t* s) {
     const slot_t* a = &s->slots[i];
     if (!a->ptr) continue;
     EXPECT((uintptr_t)a->ptr % 512 == 0, "%p is not 512-aligned", a->ptr);
-    EXPECT(stash_sim_is_usable(s->sim, 0, (uint64_t)(uintptr_t)a->ptr, a->size),
+    EXPECT(stash_sim_is_usable(s->sim, s->device, (uint64_t)(uintptr_t)a->ptr, a->size),
            "%p+%zu is not usable memory", a->ptr, a->size);
     for (int j = i + 1; j < kSlots; j++) {
       const slot_t* b = &s->slots[j];
@@ -135,11 +136,11 @@ static void check_live(state_t* s) {
       /* no shared physical byte, however mapped: compare the runs */
       for (size_t off = 0; off < a->size;) {
         uint64_t pa = 0;
-        size_t ra = stash_sim_translate(s->sim, 0, (uint64_t)(uintptr_t)a->ptr + off,
+        size_t ra = stash_sim_translate(s->sim, s->device, (uint64_t)(uintptr_t)a->ptr + off,
                                         a->size - off, &pa);
         for (size_t o2 = 0; o2 < b->size;) {
           uint64_t pb = 0;
-          size_t rb = stash_sim_translate(s->sim, 0, (uint64_t)(uintptr_t)b->ptr + o2,
+          size_t rb = stash_sim_translate(s->sim, s->device, (uint64_t)(uintptr_t)b->ptr + o2,
                                           b->size - o2, &pb);
           EXPECT(pa + ra <= pb || pb + rb <= pa, "%p+%zu and %p+%zu share memory", a->ptr,
                  a->size, b->ptr, b->size);
@@ -269,14 +270,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   stash_conf_t conf;
   stash_conf_init(&conf);
   /* the first byte: the conf (bits 0, 1 and 4), the device's size (bit 2), the history
-   * recorded (bit 5) */
+   * recorded (bit 5), the device: the first or the second of two (bit 6) */
   const char* conf_text = confs[head % 4 + 4 * (head >> 4 & 1)];
   EXPECT(stash_conf_parse(&conf, conf_text) == STASH_OK, "conf: %s", stash_last_error());
   size_t capacity = (head >> 2 & 1) ? (size_t)1 << 30 : (size_t)3 << 30;
   if (verbose) fprintf(stderr, "%s, %zu bytes\n", conf_text, capacity);
-  EXPECT(stash_sim_create(1, capacity, &s->sim) == STASH_OK, "sim");
+  s->device = head >> 6 & 1;
+  EXPECT(stash_sim_create(2, capacity, &s->sim) == STASH_OK, "sim");
   if (verbose) stash_sim_on_call(s->sim, print_call, NULL); /* and each provider call */
-  EXPECT(stash_heap_create(&conf, stash_sim_provider(s->sim), 0, &s->heap) == STASH_OK,
+  EXPECT(stash_heap_create(&conf, stash_sim_provider(s->sim), s->device, &s->heap) == STASH_OK,
          "heap: %s", stash_last_error());
   if (head >> 5 & 1)
     EXPECT(stash_heap_record_history(s->heap, 64) == STASH_OK, "history: %s",
@@ -396,13 +398,15 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
          "%lld bytes still reserved after empty_cache with nothing live",
          (long long)st.reserved_bytes[STASH_STAT_ALL].current);
   EXPECT(stash_heap_destroy(s->heap) == STASH_OK, "destroy: %s", stash_last_error());
-  stash_sim_usage_t u;
-  stash_sim_usage(s->sim, 0, &u);
-  EXPECT(u.used_bytes == 0 && u.allocations == 0 && u.reservations == 0 && u.handles == 0 &&
-             u.mapped_pages == 0 && u.events == 0,
-         "the device still holds something: %zu bytes, %zu allocations, %zu reservations, "
-         "%zu handles, %zu pages, %zu events",
-         u.used_bytes, u.allocations, u.reservations, u.handles, u.mapped_pages, u.events);
+  for (int d = 0; d < 2; d++) {
+    stash_sim_usage_t u;
+    stash_sim_usage(s->sim, d, &u);
+    EXPECT(u.used_bytes == 0 && u.allocations == 0 && u.reservations == 0 && u.handles == 0 &&
+               u.mapped_pages == 0 && u.events == 0,
+           "device %d still holds something: %zu bytes, %zu allocations, %zu reservations, "
+           "%zu handles, %zu pages, %zu events",
+           d, u.used_bytes, u.allocations, u.reservations, u.handles, u.mapped_pages, u.events);
+  }
   stash_sim_destroy(s->sim);
   free(s);
   return 0;
