@@ -498,6 +498,14 @@ static stash_status_t sim_mem_alloc(void* ctx, int device, size_t size, uint64_t
   LEAVE(s, STASH_OK);
 }
 
+/* Every stream's work queued so far has completed (and so every wait is over). Lock held. */
+static void complete_all(stash_sim_t* s) {
+  for (size_t i = 0; i < s->nstreams; i++) {
+    s->streams[i].done_point = 2 * s->streams[i].recorded + 1;
+    s->streams[i].nwaits = 0;
+  }
+}
+
 static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t size) {
   stash_sim_t* s = ctx;
   ENTER(s, mem_free);
@@ -518,10 +526,7 @@ static stash_status_t sim_mem_free(void* ctx, int device, uint64_t ptr, size_t s
   /* cuMemFree synchronizes: it returns once the work queued on every stream is done (the
    * CUDA documentation: "synchronous behavior for most use cases"; PyTorch frees a segment
    * that other streams' work used on that ground, and so does policy:pytorch) */
-  for (size_t k = 0; k < s->nstreams; k++) {
-    s->streams[k].done_point = 2 * s->streams[k].recorded + 1;
-    s->streams[k].nwaits = 0;
-  }
+  complete_all(s);
   COST(s, mem_free, interp_us(size, k_free_us, 3), size);
   LEAVE(s, STASH_OK);
 }
@@ -934,10 +939,7 @@ void stash_sim_complete(stash_sim_t* s, void* stream) {
 
 void stash_sim_complete_all(stash_sim_t* s) {
   pthread_mutex_lock(&s->lock);
-  for (size_t i = 0; i < s->nstreams; i++) {
-    s->streams[i].done_point = 2 * s->streams[i].recorded + 1;
-    s->streams[i].nwaits = 0;
-  }
+  complete_all(s);
   pthread_mutex_unlock(&s->lock);
 }
 
