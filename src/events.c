@@ -198,6 +198,11 @@ bool _stash_events_last(const stash_events_t* e, void* stream, uint64_t* event) 
   return true;
 }
 
+size_t _stash_events_queued(const stash_events_t* e, void* stream) {
+  const stash_ev_queue_t* q = queue_for((stash_events_t*)e, stream);
+  return q ? q->n : 0;
+}
+
 void _stash_events_foreach(const stash_events_t* e, void (*fn)(void* item, void* arg),
                            void* arg) {
   for (size_t i = 0; i < e->nqueues; i++) {

@@ -415,6 +415,8 @@ static inline stash_status_t _stash_events_poll_fewer(stash_heap_t* h, stash_eve
 /* The event recorded last on `stream` that is still queued (it follows every other queued
  * for that stream), in *event; false when none is (or it waits for a capture to end). */
 STASH_HIDDEN bool _stash_events_last(const stash_events_t* e, void* stream, uint64_t* event);
+/* How many entries stream's queue holds. */
+STASH_HIDDEN size_t _stash_events_queued(const stash_events_t* e, void* stream);
 STASH_HIDDEN void _stash_events_foreach(const stash_events_t* e,
                                         void (*fn)(void* item, void* arg), void* arg);
 /* Add stream to a block's list of streams it was used on (once): record_stream. */

@@ -259,6 +259,7 @@ typedef struct sb_state_s {
   uint32_t lead;       /* the slot that has made the most allocations (an eighth more than
                         * the last lead's when it changed; 0: none yet) */
   size_t pending_uses; /* blocks freed with record_stream's uses, their events outstanding */
+  size_t lead_lag;     /* the lead's queued events found incomplete when last polled */
   sb_stitch* stitches;
   uint32_t stitch_ids; /* ranges numbered so far */
   uint64_t stitch_va, stitch_va_end;  /* bump allocation of stitched ranges */
