@@ -159,6 +159,13 @@ STASH_API const stash_provider_t* stash_sim_provider(stash_sim_t* sim);
 STASH_API void stash_sim_complete(stash_sim_t* sim, void* stream);
 /* The same for every stream at once (one lock: a replay calls it after every event). */
 STASH_API void stash_sim_complete_all(stash_sim_t* sim);
+/* Complete the work on `stream` up to `point`, a value stash_sim_stream_point gave earlier:
+ * the work queued on it up to then, and what that work waited for - a GPU behind the host
+ * (stash-replay --lag). The simulation tells a stream's work apart by its events: what was
+ * queued after the point but before the stream's next event counts as before it; from that
+ * event on, the work stays pending. A point past the work queued so far completes all of it;
+ * 0 (an untracked stream's point) does nothing. */
+STASH_API void stash_sim_complete_to(stash_sim_t* sim, void* stream, uint64_t point);
 
 /* For checking that memory one stream freed reaches another only once that is safe: the
  * point in `stream`'s work that everything queued on it so far ends at (0 if the stream

@@ -762,23 +762,28 @@ static stash_status_t sim_event_record(void* ctx, int device, uint64_t event, vo
   LEAVE(s, STASH_OK);
 }
 
-/* Stream si's work up to its seq-th event has completed (every event: all of it, seq being
- * its count of events) - and so has the work that work waited for (stream_wait): the events
- * of other streams it waited for, and theirs in turn. */
-static void complete_to(stash_sim_t* s, int si, uint64_t seq, bool all) {
+/* Stream si's work up to `point` has completed (2k: up to its k-th event; 2k + 1: all it had
+ * queued before its (k+1)-th: stash_sim_stream_point) - and so has the work that work waited
+ * for (stream_wait): the events of other streams it waited for, and theirs in turn. A wait
+ * queued after the stream's k-th event is part of its work from 2k + 1 on. */
+static void complete_to(stash_sim_t* s, int si, uint64_t point) {
   sim_stream_t* st = &s->streams[si];
-  uint64_t point = all ? 2 * st->recorded + 1 : 2 * seq;
   if (point > st->done_point) st->done_point = point;
   for (size_t i = 0; i < st->nwaits;) {
     sim_wait_t w = st->waits[i];
-    if (!all && w.after >= seq) { /* queued after that event: not known to be done */
+    if (2 * w.after >= point) { /* queued after that point: not known to be done */
       i++;
       continue;
     }
     st->waits[i] = st->waits[--st->nwaits]; /* out first: a cycle of waits ends */
-    complete_to(s, w.stream, w.seq, false);
+    complete_to(s, w.stream, 2 * w.seq);
     st = &s->streams[si];
   }
+}
+
+/* All the work queued so far on stream si. */
+static void complete_queued(stash_sim_t* s, int si) {
+  complete_to(s, si, 2 * s->streams[si].recorded + 1);
 }
 
 static bool event_done(const stash_sim_t* s, const sim_event_t* e) {
@@ -800,7 +805,7 @@ static stash_status_t sim_event_synchronize(void* ctx, uint64_t event) {
   sim_event_t* e = _stash_ptrmap_get(&s->events, event);
   if (!e) LEAVE(s, stash_provider_error(STASH_ERR_DRIVER, "sim: unknown event %" PRIu64, event));
   /* Waiting lets the stream run up to the event. */
-  if (!event_done(s, e)) complete_to(s, e->stream, e->seq, false);
+  if (!event_done(s, e)) complete_to(s, e->stream, 2 * e->seq);
   COST(s, event_synchronize, 0.19, 0); /* not measured: taken as cuEventQuery, the wait itself not counted */
   LEAVE(s, STASH_OK);
 }
@@ -822,7 +827,7 @@ static stash_status_t sim_stream_synchronize(void* ctx, int device, void* stream
   ENTER(s, stream_synchronize);
   int si = stream_index(s, stream);
   if (si < 0) LEAVE(s, stash_provider_error(STASH_ERR_HOST_OOM, "sim: out of host memory"));
-  complete_to(s, si, s->streams[si].recorded, true);
+  complete_queued(s, si);
   COST(s, stream_synchronize, 3.0, 0); /* not measured: an idle stream's synchronize, a few us */
   LEAVE(s, STASH_OK);
 }
@@ -933,7 +938,17 @@ const stash_provider_t* stash_sim_provider(stash_sim_t* s) { return &s->table; }
 void stash_sim_complete(stash_sim_t* s, void* stream) {
   pthread_mutex_lock(&s->lock);
   int si = stream_index(s, stream);
-  if (si >= 0) complete_to(s, si, s->streams[si].recorded, true);
+  if (si >= 0) complete_queued(s, si);
+  pthread_mutex_unlock(&s->lock);
+}
+
+void stash_sim_complete_to(stash_sim_t* s, void* stream, uint64_t point) {
+  pthread_mutex_lock(&s->lock);
+  int si = stream_index(s, stream);
+  if (si >= 0 && point) {
+    uint64_t queued = 2 * s->streams[si].recorded + 1;
+    complete_to(s, si, point < queued ? point : queued);
+  }
   pthread_mutex_unlock(&s->lock);
 }
 

@@ -328,6 +328,47 @@ TEST(ordered_after_follows_a_chain_of_waits) {
   stash_sim_destroy(sim);
 }
 
+/* stash_sim_complete_to: a GPU behind the host (stash-replay --lag). The work queued on a
+ * stream up to a point completes - its events recorded before then, and the work of other
+ * streams it waited for before then - and what was queued since stays pending (from the
+ * stream's next event on: the simulation tells work apart by events). */
+TEST(complete_to_an_earlier_point_leaves_the_later_work_pending) {
+  stash_sim_t* sim;
+  CHECK_OK(stash_sim_create(1, 64 * MiB, &sim));
+  const stash_provider_t* p = stash_sim_provider(sim);
+  void* x = p->ctx;
+  void *A = (void*)7, *B = (void*)8;
+  uint64_t e1, e2, eb, eb2;
+  CHECK_OK(p->event_create(x, 0, &e1));
+  CHECK_OK(p->event_create(x, 0, &e2));
+  CHECK_OK(p->event_create(x, 0, &eb));
+  CHECK_OK(p->event_create(x, 0, &eb2));
+  CHECK_OK(p->event_record(x, 0, eb, B));
+  CHECK_OK(p->stream_wait(x, 0, A, eb)); /* A's work from here on waits for B's up to eb */
+  CHECK_OK(p->event_record(x, 0, e1, A));
+  uint64_t then = stash_sim_stream_point(sim, A);
+  CHECK_OK(p->event_record(x, 0, e2, A));
+  CHECK_OK(p->event_record(x, 0, eb2, B));
+  CHECK_OK(p->stream_wait(x, 0, A, eb2)); /* queued after `then` (and after A's next event) */
+  stash_sim_complete_to(sim, A, then);
+  CHECK_OK(p->event_query(x, e1));
+  CHECK_OK(p->event_query(x, eb)); /* A waited for it before `then` */
+  CHECK_EQ(p->event_query(x, e2), STASH_ERR_NOT_READY);
+  CHECK_EQ(p->event_query(x, eb2), STASH_ERR_NOT_READY);
+  CHECK(stash_sim_ordered_after(sim, A, then, B));
+  CHECK(!stash_sim_ordered_after(sim, A, stash_sim_stream_point(sim, A), B));
+  stash_sim_complete_to(sim, A, 0); /* an untracked stream's point: nothing */
+  CHECK_EQ(p->event_query(x, e2), STASH_ERR_NOT_READY);
+  stash_sim_complete_to(sim, A, UINT64_MAX); /* past the work queued: all of it */
+  CHECK_OK(p->event_query(x, e2));
+  CHECK_OK(p->event_query(x, eb2));
+  CHECK_OK(p->event_destroy(x, e1));
+  CHECK_OK(p->event_destroy(x, e2));
+  CHECK_OK(p->event_destroy(x, eb));
+  CHECK_OK(p->event_destroy(x, eb2));
+  stash_sim_destroy(sim);
+}
+
 /* mem_free synchronizes, as cuMemFree does: the work queued on every stream is done when it
  * returns (policy:pytorch frees a segment another stream's work used, after an out-of-memory
  * retry, on that ground; fuzz_ops found the simulation saying otherwise). */
@@ -497,6 +538,7 @@ int main(void) {
   RUN(ordered_after_follows_completion_and_waits);
   RUN(mem_free_completes_every_streams_work);
   RUN(ordered_after_follows_a_chain_of_waits);
+  RUN(complete_to_an_earlier_point_leaves_the_later_work_pending);
   RUN(aliases_and_costs);
   RUN(fault_injection_counts);
   RUN(every_call_is_told_with_its_cost);

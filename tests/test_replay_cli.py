@@ -1011,6 +1011,43 @@ def test_options():
               "help text\n" + describe(rc, out, err))
 
 
+def test_lag():
+    # --lag N: the GPU runs N events behind the host. Stream 7 frees 64 MiB (event 2); stream
+    # 0's next request (event 3) closes stream 7's epoch, recording an event on it; stream 0's
+    # 64 MiB request (event 5) takes stream 7's memory if that event has completed: by then
+    # with a lag of 0 or 1 events, not with 2 - without stream waits, it grows instead.
+    rows = [("allocate", "0x10000000", 64 * MiB, "0x7"), ("free", "0x10000000", 64 * MiB, "0x7"),
+            ("allocate", "0x30000000", 4096, "0x0"), ("free", "0x30000000", 4096, "0x0"),
+            ("allocate", "0x20000000", 64 * MiB, "0x0"), ("free", "0x20000000", 64 * MiB, "0x0")]
+    path = write("lag.csv", trace_text(rows))
+    confs = ("policy:stash,stream_waits:False", PT)
+    for lag, want in ((0, 64 * MiB + 2 * MiB), (1, 64 * MiB + 2 * MiB), (2, 130 * MiB),
+                      (10, 130 * MiB), (100000000, 130 * MiB)):  # (the longest: nothing done)
+        objs, _ = replay_json(path, "--lag", lag, "--check", 1, confs=confs)
+        check_eq(objs[0]["lag_events"], lag, "lag_events")
+        check_eq(objs[0]["peak_reserved_bytes"], want, "policy:stash with a lag of %d" % lag)
+        check_eq(objs[1]["peak_reserved_bytes"], 130 * MiB, "policy:pytorch: its own stream's")
+    # policy:pytorch records no event without record_stream: gpt2_sidestream_train is the
+    # same under any lag. policy:stash's side stream finds less of the main stream's memory
+    # done, and queries more; the check (every event: memory one stream freed reaches another
+    # only once that stream's work on it is over, or with a wait) holds.
+    t = os.path.join(DATA, "traces", "gpt2_sidestream_train.csv.gz")
+    now, _ = replay_json(t, confs=("policy:stash", PT))
+    late, _ = replay_json(t, "--lag", 1000, "--check", 1, confs=("policy:stash", PT))
+    check_eq(now[0]["lag_events"], 0, "no lag unless asked")
+    check_eq(late[1]["peak_reserved_bytes"], now[1]["peak_reserved_bytes"], "policy:pytorch")
+    check_eq(late[1]["calls"], now[1]["calls"], "policy:pytorch's calls")
+    check(late[0]["peak_reserved_bytes"] >= now[0]["peak_reserved_bytes"] and
+          late[0]["calls"]["event_query"][0] > now[0]["calls"]["event_query"][0],
+          "policy:stash with a lag: %r, without: %r" % (late[0], now[0]))
+    rc, out, err = run("--lag", "x", path)
+    check_eq(rc, 2, "--lag x\n" + describe(rc, out, err))
+    check("--lag" in err, "the message names the option\n" + describe(rc, out, err))
+    rc, out, err = run("--lag", 5, "--provider", "cuda", path)
+    check_eq(rc, 2, "--lag on a GPU\n" + describe(rc, out, err))
+    check("simulated" in err, "the message says why\n" + describe(rc, out, err))
+
+
 def read_trace_py(path):
     """The reference reader: (events, peak_live, nstreams) of an RMM CSV trace."""
     with gzip.open(path, "rt", newline="") as f:

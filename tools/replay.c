@@ -117,6 +117,76 @@ static bool check_live(stash_heap_t* heap, check_ctx_t* c) {
   return true;
 }
 
+/* ---- The cross-stream check: memory a stream freed reaches another only once safe ---------- */
+
+/* Physical bytes freed on a trace stream, the point that stream's work had reached then, and
+ * the event: a run older than the lag's events is complete, and is dropped. */
+typedef struct freed_run_s {
+  uint64_t phys, len, point;
+  size_t stream, event;
+} freed_run_t;
+
+typedef struct handover_s {
+  stash_sim_t* sim;
+  void** streams;
+  freed_run_t* v;
+  size_t n, cap;
+  char msg[256];
+} handover_t;
+
+/* Note the physical runs behind [ptr, ptr + size), freed on trace stream `stream` at event i,
+ * its work having reached `point`. */
+static bool note_freed(handover_t* h, uint64_t ptr, uint64_t size, size_t stream,
+                       uint64_t point, size_t i) {
+  for (uint64_t at = ptr, left = size; left;) {
+    uint64_t phys = 0;
+    size_t run = stash_sim_translate(h->sim, 0, at, left, &phys);
+    if (!run) return true; /* (check_live reports memory that is not usable) */
+    if (h->n == h->cap) {
+      size_t c = h->cap ? 2 * h->cap : 256;
+      freed_run_t* w = realloc(h->v, c * sizeof *w);
+      if (!w) return false;
+      h->v = w;
+      h->cap = c;
+    }
+    h->v[h->n++] = (freed_run_t){phys, run, point, stream, i};
+    at += run;
+    left -= run;
+  }
+  return true;
+}
+
+/* [ptr, ptr + size), just handed out on trace stream `stream` at event i: no byte of it that
+ * another stream freed is still in that stream's work, unless `stream` waits for it. Runs
+ * freed more than `lag` events ago are complete by now and go. */
+static bool handed_over_safely(handover_t* h, uint64_t ptr, uint64_t size, size_t stream,
+                               size_t i, uint64_t lag) {
+  for (size_t k = 0; k < h->n;) {
+    if (h->v[k].event + lag < i) h->v[k] = h->v[--h->n];
+    else k++;
+  }
+  for (uint64_t at = ptr, left = size; left;) {
+    uint64_t phys = 0;
+    size_t run = stash_sim_translate(h->sim, 0, at, left, &phys);
+    if (!run) return true;
+    for (size_t k = 0; k < h->n; k++) {
+      const freed_run_t* f = &h->v[k];
+      if (f->stream == stream || f->phys >= phys + run || phys >= f->phys + f->len) continue;
+      if (stash_sim_ordered_after(h->sim, h->streams[f->stream], f->point, h->streams[stream]))
+        continue;
+      snprintf(h->msg, sizeof h->msg,
+               "0x%llx (%llu bytes) on stream %zu takes memory stream %zu freed at event %zu, "
+               "before that stream's work on it is done and without waiting for it",
+               (unsigned long long)ptr, (unsigned long long)size, stream, f->stream,
+               f->event + 1);
+      return false;
+    }
+    at += run;
+    left -= run;
+  }
+  return true;
+}
+
 /* ---- The layout at the peak ----------------------------------------------------------- */
 
 typedef struct layout_ctx_s {
@@ -243,6 +313,9 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   int device = 0;
   uint64_t check_every = opts->check_every;
   check_ctx_t check = {.device = 0};
+  handover_t handover = {0};
+  uint64_t* lag_points = NULL; /* --lag: each stream's point after each of the last lag events */
+  uint32_t* alloc_stream = NULL; /* the cross-stream check: each allocation's trace stream */
   stash_status_t st;
   if (opts->cuda) {
     st = stash_cuda_provider(&provider);
@@ -294,6 +367,29 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
       if (st != STASH_OK) goto done;
     }
   }
+  uint64_t lag = sim ? opts->lag : 0;
+  if (lag && lag < t->nevents) { /* (a longer lag completes nothing: no points to keep) */
+    if (t->nstreams && lag > SIZE_MAX / sizeof *lag_points / t->nstreams) {
+      st = STASH_ERR_HOST_OOM;
+      goto done;
+    }
+    lag_points = calloc(lag * (t->nstreams ? t->nstreams : 1), sizeof *lag_points);
+    if (!lag_points) {
+      st = STASH_ERR_HOST_OOM;
+      goto done;
+    }
+  }
+  /* Checked, several streams on the simulated device: every handover between streams. */
+  bool check_handover = sim && check_every && t->nstreams > 1;
+  if (check_handover) {
+    alloc_stream = calloc(t->nallocs ? t->nallocs : 1, sizeof *alloc_stream);
+    if (!alloc_stream) {
+      st = STASH_ERR_HOST_OOM;
+      goto done;
+    }
+  }
+  handover.sim = sim;
+  handover.streams = streams;
   size_t base_free = 0, total = 0;
   int64_t last_reserved = 0;
   bool driver_check = opts->driver_check && !sim && provider->mem_info;
@@ -362,14 +458,31 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
         st = r;
         goto done;
       } else if (ptrs[e->id]) {
+        if (check_handover && !handed_over_safely(&handover, (uint64_t)(uintptr_t)ptrs[e->id],
+                                                  e->size, e->stream, i, lag)) {
+          fprintf(stderr, "%s: event %zu (line %zu): %s\n", t->name, i + 1, (size_t)e->line,
+                  handover.msg);
+          st = STASH_ERR_INVALID;
+          goto done;
+        }
+        if (check_handover) alloc_stream[e->id] = e->stream;
         live += e->size;
         nlive++;
         if (live > live_peak) live_peak = live;
         if (2 * live > live_peak) armed = true;
       }
     } else if (ptrs[e->id]) {
+      /* (the work on a block is its allocation's stream's: stash_heap_free takes none, and a
+       * trace's free may name another) */
+      size_t owner = check_handover ? alloc_stream[e->id] : 0;
+      uint64_t point = check_handover ? stash_sim_stream_point(sim, streams[owner]) : 0;
       st = stash_heap_free(heap, ptrs[e->id]);
       if (st != STASH_OK) goto done;
+      if (check_handover && !note_freed(&handover, (uint64_t)(uintptr_t)ptrs[e->id], e->size,
+                                        owner, point, i)) {
+        st = STASH_ERR_HOST_OOM;
+        goto done;
+      }
       ptrs[e->id] = NULL;
       live -= e->size;
       nlive--;
@@ -395,8 +508,17 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
     }
     if (opts->progress && (i & 0xffff) == 0) opts->progress(i, t->nevents, opts->progress_arg);
     /* The GPU keeps up: the work queued so far on every stream is done by the next event
-     * (events recorded for cross-stream reuse complete then). */
-    if (sim) stash_sim_complete_all(sim);
+     * (events recorded for cross-stream reuse complete then). With a lag, the work queued up
+     * to `lag` events ago is. */
+    if (sim && !lag) {
+      stash_sim_complete_all(sim);
+    } else if (lag_points) {
+      uint64_t* row = &lag_points[(i % lag) * t->nstreams]; /* event i - lag's, then i's */
+      for (size_t k = 0; k < t->nstreams; k++) {
+        if (i >= lag) stash_sim_complete_to(sim, streams[k], row[k]);
+        row[k] = stash_sim_stream_point(sim, streams[k]);
+      }
+    }
     if (driver_check) {
       out->stats.size = sizeof out->stats;
       stash_heap_stats(heap, &out->stats);
@@ -427,6 +549,7 @@ stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const repl
   }
   double t1 = now_ns();
   out->events = t->nevents;
+  out->lag = lag;
   out->ns_per_event = t->nevents ? (t1 - t0) / (double)t->nevents : 0.0;
   out->peak_live_bytes = t->peak_live;
   out->stats.size = sizeof out->stats;
@@ -465,6 +588,9 @@ done:
   free(streams);
   free(check.va);
   free(check.phys);
+  free(handover.v);
+  free(lag_points);
+  free(alloc_stream);
   if (heap) {
     stash_status_t d = stash_heap_destroy(heap);
     if (st == STASH_OK) st = d;

@@ -51,6 +51,7 @@ typedef struct replay_result_s {
   size_t nlayout;
   uint64_t layout_event;         /* the event after which it was taken */
   uint64_t empty_caches;         /* --empty-cache-between-steps: calls made */
+  uint64_t lag;                  /* simulated: opts.lag */
   stash_account_t peak_account[2]; /* then, stash_heap_account of each pool: [0] small */
 } replay_result_t;
 
@@ -83,6 +84,11 @@ typedef struct replay_opts_s {
    * far after having been over half of it since the last call: between training steps, as a
    * program that calls torch.cuda.empty_cache() after each step. */
   bool empty_cache_between_steps;
+  /* Simulated: the GPU runs `lag` events behind the host - after event i, the work each
+   * stream queued up to event i - lag has completed, not all of it (0: every stream's work
+   * completes by the next event). Events recorded for cross-stream reuse complete that much
+   * later. */
+  uint64_t lag;
   /* If set: one line here for every allocation that made reserved bytes grow (or ran out of
    * memory), with the free memory of its pool just before it - why it did not fit. (The
    * caller prints where the memory was at the peak: replay_peak_text.) */
@@ -100,7 +106,9 @@ typedef struct replay_opts_s {
  * first error that is not out of memory (with stash_last_error()). If check_every is
  * non-zero, stash_heap_check runs after every check_every events and, on the simulated
  * device, every live allocation is checked for being usable memory that overlaps no
- * other. */
+ * other, and with several streams every allocation for taking no memory another stream
+ * freed before that stream's work on it is done (stash_sim_ordered_after), unless it waits
+ * for it. */
 stash_status_t replay_run(const trace_t* t, const stash_conf_t* conf, const replay_opts_t* opts,
                           replay_result_t* out);
 /* Free what replay_run allocated in r (series, layout). */

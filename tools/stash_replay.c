@@ -3,7 +3,8 @@
  *
  *   stash-replay [--conf STR]... [--capacity SIZE] [--json [--series N]] [--check N]
  *                [--html FILE] [--explain FILE] [--calls FILE]
- *                [--trace-addresses] [--empty-cache-between-steps] [--provider sim|cuda]
+ *                [--trace-addresses] [--empty-cache-between-steps] [--lag N]
+ *                [--provider sim|cuda]
  *                [--device N] [--driver-check]
  *                [TRACE...]
  *
@@ -57,6 +58,10 @@ static void usage(FILE* f) {
           "                   quarter of their peak so far, having been over half of it since\n"
           "                   the last call: between training steps, as a program calling\n"
           "                   torch.cuda.empty_cache() after each step does\n"
+          "  --lag N          simulated: the GPU runs N events behind the host - after\n"
+          "                   each event, the work queued on each stream up to N events ago\n"
+          "                   has completed (default 0: all of it, by the next event); memory\n"
+          "                   one stream frees reaches the others that much later\n"
           "  --provider P     sim (default): the simulated device; cuda: a real GPU\n"
           "  --device N       the GPU to replay on, with --provider cuda (default 0)\n"
           "  --driver-check   with cuda: read the driver's memory in use (cuMemGetInfo)\n"
@@ -131,7 +136,8 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
    * of the second half, are counted on both. */
   bool sim = !strcmp(provider, "sim");
   if (sim)
-    printf(", \"modeled_driver_us\": %.1f", r->modeled_driver_us);
+    printf(", \"lag_events\": %llu, \"modeled_driver_us\": %.1f", (unsigned long long)r->lag,
+           r->modeled_driver_us);
   else
     printf(", \"modeled_driver_us\": null, \"measured_driver_us\": %.1f", r->measured_driver_us);
   printf(", \"device_allocs_second_half\": %llu, \"device_frees_second_half\": %llu",
@@ -408,7 +414,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (!strcmp(a, "--conf") || !strcmp(a, "--capacity") || !strcmp(a, "--check") ||
-               !strcmp(a, "--provider") || !strcmp(a, "--device")) {
+               !strcmp(a, "--provider") || !strcmp(a, "--device") || !strcmp(a, "--lag")) {
       if (i + 1 >= argc) {
         fprintf(stderr, "stash-replay: %s needs a value\n", a);
         return 2;
@@ -438,6 +444,11 @@ int main(int argc, char** argv) {
           return 2;
         }
         opts.device = (int)d;
+      } else if (!strcmp(a, "--lag")) {
+        if (!trace_parse_size(v, &opts.lag) || opts.lag > 100000000) {
+          fprintf(stderr, "stash-replay: --lag: '%s' is not a number of events (0..100000000)\n", v);
+          return 2;
+        }
       } else if (!trace_parse_size(v, &opts.check_every)) {
         fprintf(stderr, "stash-replay: --check: '%s' is not a number\n", v);
         return 2;
@@ -465,6 +476,10 @@ int main(int argc, char** argv) {
     const stash_provider_t* p;
     if (opts.capacity) {
       fprintf(stderr, "stash-replay: --capacity applies to the simulated device, not to a GPU\n");
+      return 2;
+    }
+    if (opts.lag) {
+      fprintf(stderr, "stash-replay: --lag applies to the simulated device; a GPU has its own\n");
       return 2;
     }
     if (opts.driver_check && opts.check_every) {

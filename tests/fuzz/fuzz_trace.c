@@ -46,20 +46,24 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                           * and PyTorch's expandable segments (the other policy
                                           * that maps pages), and under policy:stash with
                                           * empty_cache between steps (the paths that give
-                                          * memory back while blocks live) */
+                                          * memory back while blocks live), and under
+                                          * policy:stash on a GPU that lags by 1-32 events
+                                          * (the cross-stream check: --check with a lag) */
     static const struct {
       const char* conf;
-      bool empty_cache;
-    } runs[] = {{"policy:stash", false},
-                {"policy:pytorch,expandable_segments:True", false},
-                {"policy:stash", true}};
+      bool empty_cache, lag;
+    } runs[] = {{"policy:stash", false, false},
+                {"policy:pytorch,expandable_segments:True", false, false},
+                {"policy:stash", true, false},
+                {"policy:stash", false, true}};
     for (size_t c = 0; c < sizeof runs / sizeof runs[0]; c++) {
       stash_conf_t conf;
       stash_conf_init(&conf);
       if (stash_conf_parse(&conf, runs[c].conf) != STASH_OK) abort();
       replay_opts_t opts = {.capacity = 1ull << 30,
                             .check_every = 1,
-                            .empty_cache_between_steps = runs[c].empty_cache};
+                            .empty_cache_between_steps = runs[c].empty_cache,
+                            .lag = runs[c].lag ? 1 + data[size - 1] % 32 : 0};
       replay_result_t r;
       stash_status_t st = replay_run(&t, &conf, &opts, &r);
       if (st != STASH_OK) abort(); /* any trace must replay, its OOMs counted */
