@@ -12,8 +12,9 @@ stream's freed memory waiting for an event, and grew; now it takes a freed block
 the device, and reserves what it does with one stream). And hf/llama_b8 with a request of
 any size every 2000 events, whose side request at event 16001 waits for its turn-replay place
 rather than map memory made for a stitched range (forty-eighth session): no provider call in
-its second half. Two builds side by side are compared; bad modes, sets and replays are
-refused.
+its second half, and, on a GPU 50 events behind the host, cross-stream safety at every event
+(stash-replay --check with --lag). Two builds side by side are compared; bad modes, sets and
+replays are refused.
 
   test_side_streams.py TOOL STASH_REPLAY
 """
@@ -110,6 +111,13 @@ def main():
             check("llama_b8 any: it waits", b["calls"].get("stream_wait", [0])[0] >= 1, True)
             check("llama_b8 any: no map in the arena after event 16000",
                   b["calls"].get("map", [0])[0], a["calls"].get("map", [0])[0])
+        # on a GPU 50 events behind, checked at every event: memory the main stream freed
+        # reaches the side stream only once its work there is over, or with a wait
+        q = subprocess.run([replay, "--conf", "policy:stash", "--conf", "policy:pytorch",
+                            "--check", "1", "--lag", "50", "--json", side],
+                           capture_output=True, text=True)
+        check("llama_b8 any, checked with a lag of 50: exit status (%s)" % q.stderr.strip()[-300:],
+              q.returncode, 0)
     for bad, message in ((["--modes", "often", replay], "unknown or unusable"),
                          (["--sets", "more", replay], "unknown or unusable"),
                          ([os.devnull], "not an executable stash-replay")):
