@@ -1040,6 +1040,11 @@ def test_lag():
     check(late[0]["peak_reserved_bytes"] >= now[0]["peak_reserved_bytes"] and
           late[0]["calls"]["event_query"][0] > now[0]["calls"]["event_query"][0],
           "policy:stash with a lag: %r, without: %r" % (late[0], now[0]))
+    rc, out, err = run("--lag", 2, "--conf", "policy:stash", path)
+    check_eq(rc, 0, "--lag 2, the table\n" + describe(rc, out, err))
+    check("a GPU 2 events behind" in out, "the table says the lag\n" + describe(rc, out, err))
+    rc, out, err = run("--conf", "policy:stash", path)
+    check("behind" not in out, "no lag, none said\n" + describe(rc, out, err))
     rc, out, err = run("--lag", "x", path)
     check_eq(rc, 2, "--lag x\n" + describe(rc, out, err))
     check("--lag" in err, "the message names the option\n" + describe(rc, out, err))

@@ -171,10 +171,12 @@ static void print_json(const trace_t* t, const char* conf, const char* provider,
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
-static void print_table_header(const trace_t* t) {
-  printf("\n%s: %zu events, %zu stream%s, peak live %llu bytes (%.2f GiB)\n", t->name,
+static void print_table_header(const trace_t* t, uint64_t lag) {
+  printf("\n%s: %zu events, %zu stream%s, peak live %llu bytes (%.2f GiB)", t->name,
          t->nevents, t->nstreams, t->nstreams == 1 ? "" : "s",
          (unsigned long long)t->peak_live, gib(t->peak_live));
+  if (lag) printf("; a GPU %llu events behind", (unsigned long long)lag);
+  printf("\n");
   printf("  %-44s %15s %9s %6s %9s %9s %7s %7s %9s %6s %5s %9s\n", "configuration",
          "peak reserved", "GiB", "util", "wasted", "live GiB", "dev+", "dev-", "driver ms",
          "late", "OOMs", "ns/event");
@@ -559,7 +561,7 @@ int main(int argc, char** argv) {
         best = c;
     }
     if (!json) {
-      print_table_header(&t);
+      print_table_header(&t, opts.cuda ? 0 : opts.lag);
       for (int c = 0; c < nconfs; c++) {
         if (ok[c]) print_table_row(confs[c], &results[c], c == best, !opts.cuda);
       }
