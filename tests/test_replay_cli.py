@@ -1045,6 +1045,11 @@ def test_lag():
     check("a GPU 2 events behind" in out, "the table says the lag\n" + describe(rc, out, err))
     rc, out, err = run("--conf", "policy:stash", path)
     check("behind" not in out, "no lag, none said\n" + describe(rc, out, err))
+    page = os.path.join(TMP, "lag.html")
+    rc, out, err = run("--lag", 2, "--conf", "policy:stash", "--html", page, path)
+    check_eq(rc, 0, "--lag 2 --html\n" + describe(rc, out, err))
+    with open(page) as f:
+        check("a GPU 2 events behind the host" in f.read(), "the page says the lag")
     rc, out, err = run("--lag", "x", path)
     check_eq(rc, 2, "--lag x\n" + describe(rc, out, err))
     check("--lag" in err, "the message names the option\n" + describe(rc, out, err))

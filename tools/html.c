@@ -185,8 +185,13 @@ void html_trace(FILE* f, const trace_t* t, const char* const* confs, const repla
                 const bool* ok, int n, int best) {
   fputs("<h2>", f);
   esc(f, t->name);
-  fprintf(f, "</h2>\n<p>%zu events, %zu stream%s, peak live %.2f GiB.</p>\n", t->nevents,
+  uint64_t lag = 0; /* (every setting's replay had the same) */
+  for (int c = 0; c < n && !lag; c++)
+    if (ok[c]) lag = rs[c].lag;
+  fprintf(f, "</h2>\n<p>%zu events, %zu stream%s, peak live %.2f GiB", t->nevents,
           t->nstreams, t->nstreams == 1 ? "" : "s", gib(t->peak_live));
+  if (lag) fprintf(f, "; replayed on a GPU %llu events behind the host", (unsigned long long)lag);
+  fputs(".</p>\n", f);
   table(f, confs, rs, ok, n, best);
   uint64_t ymax = 1;
   for (int c = 0; c < n; c++)
