@@ -561,7 +561,7 @@ int main(int argc, char** argv) {
         best = c;
     }
     if (!json) {
-      print_table_header(&t, opts.cuda ? 0 : opts.lag);
+      print_table_header(&t, opts.lag); /* (0 with a GPU: --lag is refused there) */
       for (int c = 0; c < nconfs; c++) {
         if (ok[c]) print_table_row(confs[c], &results[c], c == best, !opts.cuda);
       }
